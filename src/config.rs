@@ -1,0 +1,148 @@
+//! Command line and environment: every option is a flag and an environment
+//! variable, parsed once at startup. An invalid value ends the process before
+//! anything starts (exit code 2).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::lifecycle::{DrainConfig, DEADLINE_CLEANUP_GRACE};
+
+/// lameduck: an HTTP service that stops, restarts and rolls out under load
+/// without dropping a request or losing a byte.
+#[derive(Debug, Parser)]
+#[command(name = "lameduck", version, about, long_about = None)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP server until SIGTERM or SIGINT, then drain and exit.
+    Server(ServerConfig),
+    /// Exit 0 if the local server answers `/readyz` with 200 (for container
+    /// health checks; needs no curl in the image).
+    Healthcheck(HealthcheckConfig),
+}
+
+/// How the server runs and how it shuts down.
+#[derive(Clone, Debug, Args)]
+pub struct ServerConfig {
+    /// Socket address to listen on; port 0 picks a free port.
+    #[arg(long, env = "LAMEDUCK_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Lame-duck period after the signal: readiness is already 503 but the
+    /// server keeps accepting, so load balancers that have not noticed yet
+    /// still reach it (e.g. `5s`, `250ms`).
+    #[arg(long, env = "LAMEDUCK_DRAIN_DELAY", default_value = "0s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub drain_delay: Duration,
+
+    /// How long in-flight work may take after the listener closes; then its
+    /// cancellation tokens fire and the process exits with code 3.
+    #[arg(long, env = "LAMEDUCK_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub shutdown_timeout: Duration,
+
+    /// Log format (filter with `RUST_LOG`, default `info`).
+    #[arg(long, env = "LAMEDUCK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Directory for the embedded SQLite database and spill files; created
+    /// if missing.
+    #[arg(long, env = "LAMEDUCK_DATA_DIR", default_value = "data")]
+    pub data_dir: PathBuf,
+
+    /// Database URL: `postgres://…` for PostgreSQL, `sqlite://…` for SQLite.
+    /// Default: SQLite at `<data-dir>/lameduck.db`.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Largest number of pooled database connections.
+    #[arg(long, env = "LAMEDUCK_DATABASE_MAX_CONNECTIONS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub database_max_connections: u32,
+}
+
+impl ServerConfig {
+    /// The periods the lifecycle's drain uses.
+    pub fn drain(&self) -> DrainConfig {
+        DrainConfig {
+            drain_delay: self.drain_delay,
+            shutdown_timeout: self.shutdown_timeout,
+        }
+    }
+
+    /// The longest a clean-up can take from the first signal to exit:
+    /// lame duck + drain timeout + the deadline's cleanup grace. A
+    /// supervisor's grace period (Kubernetes' `terminationGracePeriodSeconds`)
+    /// must be longer, or it kills the process mid-drain.
+    pub fn shutdown_budget(&self) -> Duration {
+        self.drain_delay + self.shutdown_timeout + DEADLINE_CLEANUP_GRACE
+    }
+}
+
+/// Options of `lameduck healthcheck`.
+#[derive(Clone, Debug, Args)]
+pub struct HealthcheckConfig {
+    /// The server's listen address; a wildcard address is probed on loopback.
+    #[arg(long, env = "LAMEDUCK_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Path to probe.
+    #[arg(long, default_value = "/readyz")]
+    pub path: String,
+
+    /// How long to wait for the answer.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub timeout: Duration,
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(args: &[&str]) -> Result<ServerConfig, clap::Error> {
+        let argv = ["lameduck", "server"].iter().chain(args);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Server(config) => Ok(config),
+            Command::Healthcheck(_) => unreachable!("parsed the server subcommand"),
+        }
+    }
+
+    #[test]
+    fn defaults_fit_kubernetes_default_grace_period() {
+        let config = server(&[]).expect("defaults parse");
+        assert_eq!(config.drain_delay, Duration::ZERO);
+        assert_eq!(config.shutdown_timeout, Duration::from_secs(20));
+        assert!(config.shutdown_budget() < Duration::from_secs(30));
+    }
+
+    #[test]
+    fn human_durations_are_accepted() {
+        let config =
+            server(&["--drain-delay", "250ms", "--shutdown-timeout", "1m"]).expect("parse");
+        assert_eq!(config.drain_delay, Duration::from_millis(250));
+        assert_eq!(config.shutdown_timeout, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn invalid_values_name_the_option() {
+        let error = server(&["--drain-delay", "soon"]).expect_err("invalid");
+        assert!(error.to_string().contains("--drain-delay"), "{error}");
+        let error = server(&["--listen", "nowhere"]).expect_err("invalid");
+        assert!(error.to_string().contains("--listen"), "{error}");
+    }
+}

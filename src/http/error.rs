@@ -1,0 +1,93 @@
+//! The HTTP error boundary: every error a handler returns becomes a status
+//! code and a JSON body `{"error": "..."}` that says what is wrong, and
+//! nothing about the internals.
+
+use axum::extract::rejection::JsonRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+/// An error answered to the client.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request is malformed or fails validation (400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// The body is not JSON (415).
+    #[error("expected a JSON body with content-type application/json")]
+    UnsupportedMediaType,
+    /// Nothing here (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The method is not allowed on this path (405).
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// The resource exists already (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// The request was cancelled before it finished (the client is gone;
+    /// 499 in nginx's convention, never seen by the client).
+    #[error("request cancelled")]
+    Cancelled,
+    /// A dependency is unavailable; retry later (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The request was refused before the handler ran (payload too large,
+    /// unreadable body): the extractor's status and message.
+    #[error("{message}")]
+    Rejected {
+        /// The status chosen by the extractor.
+        status: StatusCode,
+        /// What was wrong.
+        message: String,
+    },
+    /// A bug or an unexpected failure (500). The cause is logged, not sent.
+    #[error("internal error")]
+    Internal(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl ApiError {
+    /// The status code this error answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Cancelled => {
+                StatusCode::from_u16(499).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+            }
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Rejected { status, .. } => *status,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if let ApiError::Internal(cause) = &self {
+            tracing::error!(error = %cause, "internal error");
+        }
+        (status, Json(json!({ "error": self.to_string() }))).into_response()
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> ApiError {
+        match rejection {
+            JsonRejection::MissingJsonContentType(_) => ApiError::UnsupportedMediaType,
+            JsonRejection::JsonSyntaxError(error) => {
+                ApiError::BadRequest(format!("invalid JSON: {}", error.body_text()))
+            }
+            JsonRejection::JsonDataError(error) => ApiError::BadRequest(error.body_text()),
+            other => ApiError::Rejected {
+                status: other.status(),
+                message: other.body_text(),
+            },
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! lameduck: an HTTP service that stops, restarts and rolls out under load
+//! without dropping a request or losing a byte.
+//!
+//! # The lifecycle in ten lines
+//! 1. `main` installs SIGTERM/SIGINT handlers, then [`App::build`] opens the
+//!    database and binds the listener.
+//! 2. [`lifecycle::serve`] accepts connections on a `run_until_cancelled`
+//!    loop and hands each to a `TaskTracker`; every request gets a
+//!    cancellation token that fires if the client hangs up.
+//! 3. The first signal turns `/readyz` to 503 and starts the lame-duck
+//!    period: still serving, but asking clients to reconnect elsewhere.
+//! 4. Then the listener closes (after taking its backlog) and every
+//!    connection is told to shut down gracefully: the drain.
+//! 5. Work still running at the deadline is cancelled, given a short grace
+//!    to clean up, and abandoned; a second signal abandons it at once.
+//! 6. The database pool closes and the outcome becomes an exit code.
+//!
+//! # Layout
+//! - [`lifecycle`]: signals, the shutdown handle, the accept loop, the
+//!   per-request scope. Domain-blind: lift it into another service as is.
+//! - [`app`]: wires the domain to the lifecycle.
+//! - [`config`]: command line and environment.
+//! - [`http`]: router, health, readiness, metrics, JSON errors.
+//! - [`links`]: the example domain, a link shortener (replace it).
+//! - [`storage`]: the example's database (SQLite or PostgreSQL).
+//! - [`exit`]: outcomes as exit codes. [`telemetry`]: logging.
+//!   [`healthcheck`]: the container health probe.
+
+pub mod app;
+pub mod config;
+pub mod exit;
+pub mod healthcheck;
+pub mod http;
+pub mod lifecycle;
+pub mod links;
+pub mod storage;
+pub mod telemetry;
+
+pub use app::App;

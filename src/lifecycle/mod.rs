@@ -1,0 +1,48 @@
+//! The process lifecycle: signals, the shutdown timeline, the accept loop and
+//! the per-request cancellation scope.
+//!
+//! This module is deliberately blind to the service it runs: it never imports
+//! routes, storage or domain state. It serves any `tower::Service` that
+//! answers HTTP requests, and it can be lifted into another service unchanged.
+//!
+//! The timeline it drives, end to end:
+//!
+//! 1. **Signal** — [`Shutdown::trigger`] (called by [`signal::forward`] on
+//!    SIGTERM/SIGINT, or by the application). Readiness turns false at once.
+//! 2. **Lame duck** — for the drain delay the server keeps accepting and
+//!    serving, but HTTP/1 responses carry `Connection: close` and HTTP/2
+//!    connections receive GOAWAY, so clients move away on their own.
+//! 3. **Stop accepting** — the listen backlog is accepted and served, then
+//!    the listener is closed: new connection attempts are refused.
+//! 4. **Drain** — every connection is told to shut down gracefully; idle
+//!    ones close at once, in-flight requests run to completion.
+//! 5. **Deadline** — work still running at the shutdown timeout has its
+//!    cancellation token fired, gets [`DEADLINE_CLEANUP_GRACE`] to clean up,
+//!    and is then abandoned.
+//! 6. **Finalize** — the caller runs workers' and finalizers' shutdown (see
+//!    [`workers`]) and turns the [`DrainReport`] into an exit code.
+//!
+//! A second signal at any point calls [`Shutdown::force`]: everything still
+//! running is abandoned at once.
+
+mod metrics;
+mod request;
+mod serve;
+mod shutdown;
+pub mod signal;
+
+pub use metrics::LifecycleMetrics;
+pub use request::RequestScope;
+pub use serve::{serve, DrainConfig, DrainOutcome, DrainReport, ACCEPT_ERROR_BACKOFF};
+pub use shutdown::{Phase, Shutdown};
+
+use std::time::Duration;
+
+/// How long handlers get to clean up (roll back, return pooled connections)
+/// after the shutdown deadline fires their cancellation tokens, before their
+/// connections are dropped. Counted in the worst-case shutdown budget.
+pub const DEADLINE_CLEANUP_GRACE: Duration = Duration::from_secs(1);
+
+/// The `tracing` target of every shutdown-phase log line, so operators can
+/// filter the whole timeline with `RUST_LOG=lameduck::shutdown=info`.
+pub const LOG_TARGET: &str = "lameduck::shutdown";

@@ -1,0 +1,235 @@
+//! Per-request cancellation: every request runs inside a [`RequestScope`]
+//! whose token fires when the request future is dropped (the client hung up
+//! or reset the stream), at the shutdown deadline, or on a forced shutdown.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONNECTION};
+use hyper::{Request, Response, Version};
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::task::JoinError;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
+
+use super::metrics::{LifecycleMetrics, Protocol};
+use super::Shutdown;
+
+/// The cancellation scope of one request, found in its extensions.
+///
+/// Its token is cancelled when hyper drops the request future (the client
+/// went away), when the shutdown deadline passes, or when shutdown is
+/// forced. Work that must not be cut half-way — a database transaction —
+/// belongs in [`RequestScope::run`]: it runs on a task the drain waits for,
+/// observes the token at safe points, and cleans up before it returns.
+#[derive(Clone, Debug)]
+pub struct RequestScope {
+    token: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl RequestScope {
+    /// A scope that belongs to no server: its token fires only when
+    /// cancelled by hand. For exercising handlers without a socket.
+    pub fn detached() -> RequestScope {
+        RequestScope {
+            token: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+        }
+    }
+
+    /// The request's cancellation token.
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    /// Runs `work` to its own end on a task tracked by the lifecycle, and
+    /// waits for its result.
+    ///
+    /// If the request is dropped meanwhile, `work` keeps running: it sees its
+    /// token cancelled and is expected to clean up (roll back, release what
+    /// it holds) and return. The drain waits for it.
+    ///
+    /// # Errors
+    /// The task's [`JoinError`] if `work` panicked.
+    ///
+    /// # Cancel safety
+    /// Dropping the returned future does not cancel `work`; that is the point.
+    pub async fn run<F, Fut, T>(&self, work: F) -> Result<T, JoinError>
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.tracker.spawn(work(self.token.clone())).await
+    }
+}
+
+/// What one connection's task and its requests share.
+#[derive(Debug)]
+pub(crate) struct ConnState {
+    protocol: AtomicU8,
+    /// Cancelled when the server wants this HTTP/2 connection to go away
+    /// (GOAWAY) before the drain, i.e. during the lame-duck period.
+    pub(crate) goaway: CancellationToken,
+    /// Set once a response went out with `Connection: close`: the server,
+    /// not the client, ended this connection.
+    close_sent: AtomicBool,
+    open: Gauge,
+    metrics: LifecycleMetrics,
+}
+
+impl ConnState {
+    pub(crate) fn new(metrics: &LifecycleMetrics) -> ConnState {
+        let open = metrics.connections_open(Protocol::pending);
+        open.inc();
+        ConnState {
+            protocol: AtomicU8::new(Protocol::pending as u8),
+            goaway: CancellationToken::new(),
+            close_sent: AtomicBool::new(false),
+            open,
+            metrics: metrics.clone(),
+        }
+    }
+
+    /// Records the protocol when the first request reveals it.
+    fn observe(&self, version: Version) {
+        let protocol = if version == Version::HTTP_2 {
+            Protocol::http2
+        } else {
+            Protocol::http1
+        };
+        if self
+            .protocol
+            .compare_exchange(
+                Protocol::pending as u8,
+                protocol as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            self.open.dec();
+            self.metrics.connections_open(protocol).inc();
+        }
+    }
+
+    fn protocol(&self) -> Protocol {
+        match self.protocol.load(Ordering::Acquire) {
+            p if p == Protocol::http2 as u8 => Protocol::http2,
+            p if p == Protocol::http1 as u8 => Protocol::http1,
+            _ => Protocol::pending,
+        }
+    }
+
+    pub(crate) fn is_http2(&self) -> bool {
+        self.protocol() == Protocol::http2
+    }
+
+    pub(crate) fn close_sent(&self) -> bool {
+        self.close_sent.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for ConnState {
+    fn drop(&mut self) {
+        self.metrics.connections_open(self.protocol()).dec();
+    }
+}
+
+/// Counts a request in flight; dropping it before [`InFlightGuard::complete`]
+/// counts the request as aborted.
+#[must_use = "dropping the guard ends the request's in-flight count"]
+struct InFlightGuard {
+    metrics: LifecycleMetrics,
+    completed: bool,
+}
+
+impl InFlightGuard {
+    fn start(metrics: &LifecycleMetrics) -> InFlightGuard {
+        metrics.requests_in_flight.inc();
+        InFlightGuard {
+            metrics: metrics.clone(),
+            completed: false,
+        }
+    }
+
+    fn complete(mut self, after_signal: bool) {
+        self.completed = true;
+        if after_signal {
+            self.metrics.requests_drained.inc();
+        }
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.metrics.requests_in_flight.dec();
+        if !self.completed {
+            self.metrics.requests_aborted.inc();
+        }
+    }
+}
+
+/// Wraps the application service for one connection: gives each request its
+/// [`RequestScope`], counts it, and during shutdown asks the client to go
+/// away (`Connection: close` on HTTP/1, GOAWAY on HTTP/2).
+#[derive(Clone, Debug)]
+pub(crate) struct ScopedService<S> {
+    pub(crate) inner: S,
+    pub(crate) conn: Arc<ConnState>,
+    pub(crate) shutdown: Shutdown,
+}
+
+impl<S, B> hyper::service::Service<Request<Incoming>> for ScopedService<S>
+where
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    type Response = Response<B>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<B>, Infallible>> + Send>>;
+
+    fn call(&self, mut request: Request<Incoming>) -> Self::Future {
+        let http2 = request.version() == Version::HTTP_2;
+        self.conn.observe(request.version());
+        if http2 && self.shutdown.is_triggered() {
+            self.conn.goaway.cancel();
+        }
+
+        let inner = self.inner.clone();
+        let conn = Arc::clone(&self.conn);
+        let shutdown = self.shutdown.clone();
+        Box::pin(async move {
+            let token = shutdown.request_token();
+            request.extensions_mut().insert(RequestScope {
+                token: token.clone(),
+                tracker: shutdown.tracker().clone(),
+            });
+            let in_flight = InFlightGuard::start(shutdown.metrics());
+            // Fires the request's token if hyper drops this future first.
+            let cancel_on_drop = token.drop_guard();
+
+            let mut response = inner.oneshot(request).await?;
+
+            cancel_on_drop.disarm();
+            let shutting_down = shutdown.is_triggered();
+            in_flight.complete(shutting_down);
+            if shutting_down && !http2 {
+                response
+                    .headers_mut()
+                    .insert(CONNECTION, HeaderValue::from_static("close"));
+                conn.close_sent.store(true, Ordering::Release);
+            }
+            Ok(response)
+        })
+    }
+}

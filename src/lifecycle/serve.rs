@@ -1,0 +1,398 @@
+//! The accept loop and the drain: phases 2 to 5 of the shutdown timeline.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
+
+use super::metrics::ClosedBy;
+use super::request::{ConnState, ScopedService};
+use super::{Phase, Shutdown, DEADLINE_CLEANUP_GRACE, LOG_TARGET};
+
+/// How long the accept loop pauses after an error that is not about one
+/// connection (for example EMFILE, too many open files), so that it does not
+/// spin while descriptors are exhausted.
+pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+
+/// At most this many connections are taken from the listen backlog when the
+/// listener stops; more than any kernel backlog holds.
+const MAX_BACKLOG_DRAIN: usize = 65_536;
+
+/// The two periods of the shutdown timeline that the operator chooses.
+#[derive(Clone, Copy, Debug)]
+pub struct DrainConfig {
+    /// Lame-duck period: how long the server keeps accepting after the
+    /// signal, so that a load balancer which has not yet seen readiness turn
+    /// false still reaches a server that answers.
+    pub drain_delay: Duration,
+    /// How long in-flight work may take after the listener closes before its
+    /// cancellation tokens fire.
+    pub shutdown_timeout: Duration,
+}
+
+/// How the drain ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// Every request finished on its own.
+    Clean,
+    /// The shutdown timeout passed with work still running; that work was
+    /// cancelled and, after the cleanup grace, abandoned.
+    DeadlineExceeded,
+    /// A forced shutdown (a second signal) abandoned whatever was running.
+    Forced,
+}
+
+/// What the drain did, for the exit summary.
+#[derive(Clone, Debug)]
+pub struct DrainReport {
+    /// How the drain ended.
+    pub outcome: DrainOutcome,
+    /// Why shutdown started (the signal, or the application's reason).
+    pub reason: Option<String>,
+    /// Time from the signal to closing the listener.
+    pub lame_duck: Duration,
+    /// Time from closing the listener to the end of the drain.
+    pub drain: Duration,
+    /// Connections taken from the listen backlog after accepting stopped.
+    pub backlog_accepted: usize,
+    /// Requests that completed after the signal.
+    pub requests_drained: u64,
+    /// Requests dropped before their response (client hang-ups and
+    /// abandoned work), over the server's lifetime.
+    pub requests_aborted: u64,
+    /// Requests still running when the drain gave up on them.
+    pub requests_abandoned: i64,
+    /// Connections the client closed.
+    pub closed_by_client: u64,
+    /// Connections the server asked to close.
+    pub closed_by_server: u64,
+    /// Connections still open when the drain gave up on them.
+    pub connections_abandoned: i64,
+}
+
+/// Serves HTTP/1.1 and HTTP/2 (cleartext, prior knowledge) on `listener`
+/// with `service` until `shutdown` is triggered, then runs the lame-duck
+/// period and the drain of [`DrainConfig`]. Resolves when the last
+/// connection has closed, or when the deadline or a forced shutdown gave up
+/// on the rest.
+///
+/// It never binds or installs signal handlers: the caller passes an already
+/// bound listener (port 0 in tests, an inherited socket in production) and
+/// triggers `shutdown` from wherever it likes.
+pub async fn serve<S, B>(
+    listener: TcpListener,
+    service: S,
+    shutdown: Shutdown,
+    config: DrainConfig,
+) -> DrainReport
+where
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let connections = Connections {
+        builder: connection_builder(shutdown.tracker().clone()),
+        service,
+        shutdown: shutdown.clone(),
+    };
+    match listener.local_addr() {
+        Ok(addr) => info!("listening on http://{addr}"),
+        Err(error) => warn!(%error, "listening on an unknown address"),
+    }
+
+    // Phases 1-2: accept until the lame-duck period after the signal is over.
+    let stop_accepting = CancellationToken::new();
+    let accepting = accept_until(&listener, &stop_accepting, &connections);
+    let lame_duck = async {
+        shutdown.triggered().await;
+        let signalled = Instant::now();
+        if !config.drain_delay.is_zero() {
+            info!(
+                target: LOG_TARGET,
+                delay = ?config.drain_delay,
+                "lame duck: still serving, asking clients to reconnect elsewhere"
+            );
+        }
+        tokio::select! {
+            () = tokio::time::sleep(config.drain_delay) => {}
+            () = shutdown.forced() => {}
+        }
+        stop_accepting.cancel();
+        signalled
+    };
+    let ((), signalled) = tokio::join!(accepting, lame_duck);
+
+    // Phase 3: take what is already in the backlog, then close the listener.
+    let backlog_accepted = if shutdown.is_forced() {
+        0
+    } else {
+        accept_backlog(listener, &connections)
+    };
+    let draining = Instant::now();
+    let lame_duck = draining - signalled;
+    let metrics = shutdown.metrics();
+    info!(
+        target: LOG_TARGET,
+        backlog_accepted,
+        connections = connections_open(&shutdown),
+        requests_in_flight = metrics.requests_in_flight.get(),
+        "listener closed; draining"
+    );
+
+    // Phase 4: every connection is told to close once idle.
+    shutdown.start_draining();
+    let tracker = shutdown.tracker();
+    tracker.close();
+    let outcome = tokio::select! {
+        biased;
+        () = shutdown.forced() => DrainOutcome::Forced,
+        () = tracker.wait() => DrainOutcome::Clean,
+        () = tokio::time::sleep(config.shutdown_timeout) => {
+            // Phase 5: the deadline. Let handlers clean up, then give up.
+            warn!(
+                target: LOG_TARGET,
+                requests_in_flight = metrics.requests_in_flight.get(),
+                connections = connections_open(&shutdown),
+                grace = ?DEADLINE_CLEANUP_GRACE,
+                "shutdown timeout passed: cancelling in-flight requests"
+            );
+            shutdown.cancel_requests();
+            tokio::select! {
+                () = tracker.wait() => {}
+                () = tokio::time::sleep(DEADLINE_CLEANUP_GRACE) => {}
+                () = shutdown.forced() => {}
+            }
+            DrainOutcome::DeadlineExceeded
+        }
+    };
+    let drain = draining.elapsed();
+
+    let requests_abandoned = metrics.requests_in_flight.get();
+    let connections_abandoned = connections_open(&shutdown);
+    if outcome != DrainOutcome::Clean {
+        warn!(
+            target: LOG_TARGET,
+            requests_abandoned,
+            connections_abandoned,
+            tasks = tracker.len(),
+            "abandoning remaining work"
+        );
+        shutdown.abandon();
+    }
+    metrics.drain_seconds.set(drain.as_secs_f64());
+    shutdown.set_phase(Phase::Finalizing);
+    info!(target: LOG_TARGET, ?outcome, ?drain, "drain finished");
+
+    DrainReport {
+        outcome,
+        reason: shutdown.reason().map(str::to_owned),
+        lame_duck,
+        drain,
+        backlog_accepted,
+        requests_drained: metrics.requests_drained.get(),
+        requests_aborted: metrics.requests_aborted.get(),
+        requests_abandoned,
+        closed_by_client: metrics.connections_closed_by(ClosedBy::client),
+        closed_by_server: metrics.connections_closed_by(ClosedBy::server),
+        connections_abandoned,
+    }
+}
+
+fn connections_open(shutdown: &Shutdown) -> i64 {
+    shutdown.metrics().connections_open_total()
+}
+
+/// Accepts connections until `stop` is cancelled. Errors are absorbed: the
+/// loop never ends on its own.
+async fn accept_until<S>(listener: &TcpListener, stop: &CancellationToken, connections: &S)
+where
+    S: SpawnConnection,
+{
+    while let Some(accepted) = stop.run_until_cancelled(listener.accept()).await {
+        match accepted {
+            Ok((stream, peer)) => connections.spawn(stream, peer),
+            Err(error) if is_connection_error(&error) => {
+                debug!(%error, "connection failed before it was accepted");
+            }
+            Err(error) => {
+                connections.metrics().accept_errors.inc();
+                warn!(%error, backoff = ?ACCEPT_ERROR_BACKOFF, "accept failed; backing off");
+                stop.run_until_cancelled(tokio::time::sleep(ACCEPT_ERROR_BACKOFF))
+                    .await;
+            }
+        }
+    }
+}
+
+/// Accepts, without waiting, every connection already in the listen backlog,
+/// then closes the listener so that new attempts are refused rather than
+/// left to time out.
+fn accept_backlog<S: SpawnConnection>(listener: TcpListener, connections: &S) -> usize {
+    // Asking the socket directly, rather than through the reactor, sees
+    // connections that arrived since the reactor last polled.
+    let listener = match listener.into_std() {
+        Ok(listener) => listener,
+        Err(error) => {
+            warn!(%error, "could not inspect the listen backlog; closing the listener");
+            return 0;
+        }
+    };
+    let mut accepted = 0;
+    for _ in 0..MAX_BACKLOG_DRAIN {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                let stream = stream
+                    .set_nonblocking(true)
+                    .and_then(|()| TcpStream::from_std(stream));
+                match stream {
+                    Ok(stream) => {
+                        connections.spawn(stream, peer);
+                        accepted += 1;
+                    }
+                    Err(error) => warn!(%error, %peer, "dropping a connection from the backlog"),
+                }
+            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+            Err(error) if is_connection_error(&error) => {}
+            Err(error) => {
+                warn!(%error, "accept failed while emptying the backlog");
+                break;
+            }
+        }
+    }
+    accepted
+}
+
+/// Errors that concern one connection, not the listener.
+fn is_connection_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+fn connection_builder(tracker: TaskTracker) -> auto::Builder<TrackedExecutor> {
+    let mut builder = auto::Builder::new(TrackedExecutor(tracker));
+    // The timer enables hyper's HTTP/1 header read timeout (30 s by default).
+    builder.http1().timer(TokioTimer::new());
+    builder.http2().timer(TokioTimer::new());
+    builder
+}
+
+/// Spawns HTTP/2 stream tasks on the lifecycle's tracker, so the drain
+/// waits for them as it waits for connections.
+#[derive(Clone, Debug)]
+struct TrackedExecutor(TaskTracker);
+
+impl<F> hyper::rt::Executor<F> for TrackedExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, future: F) {
+        self.0.spawn(future);
+    }
+}
+
+// === impl Connections ===
+
+/// Everything needed to serve one more connection.
+struct Connections<S> {
+    builder: auto::Builder<TrackedExecutor>,
+    service: S,
+    shutdown: Shutdown,
+}
+
+trait SpawnConnection {
+    fn spawn(&self, stream: TcpStream, peer: SocketAddr);
+    fn metrics(&self) -> &super::LifecycleMetrics;
+}
+
+impl<S, B> SpawnConnection for Connections<S>
+where
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn metrics(&self) -> &super::LifecycleMetrics {
+        self.shutdown.metrics()
+    }
+
+    fn spawn(&self, stream: TcpStream, peer: SocketAddr) {
+        if let Err(error) = stream.set_nodelay(true) {
+            debug!(%error, %peer, "could not set TCP_NODELAY");
+        }
+        let conn = Arc::new(ConnState::new(self.shutdown.metrics()));
+        let service = ScopedService {
+            inner: self.service.clone(),
+            conn: Arc::clone(&conn),
+            shutdown: self.shutdown.clone(),
+        };
+        let builder = self.builder.clone();
+        let shutdown = self.shutdown.clone();
+        self.shutdown.tracker().spawn(async move {
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            let mut connection = pin!(connection);
+            let mut asked_to_close = false;
+            let mut lame_duck_seen = false;
+            let closed_by = loop {
+                tokio::select! {
+                    result = connection.as_mut() => {
+                        if let Err(error) = result {
+                            debug!(%peer, %error, "connection ended with an error");
+                        }
+                        break if asked_to_close || conn.close_sent() {
+                            ClosedBy::server
+                        } else {
+                            ClosedBy::client
+                        };
+                    }
+                    // Lame duck: GOAWAY to HTTP/2 clients at once; HTTP/1
+                    // clients get `Connection: close` on their next response.
+                    () = shutdown.triggered(), if !lame_duck_seen => {
+                        lame_duck_seen = true;
+                        if conn.is_http2() && !asked_to_close {
+                            connection.as_mut().graceful_shutdown();
+                            asked_to_close = true;
+                        }
+                    }
+                    () = conn.goaway.cancelled(), if !asked_to_close => {
+                        connection.as_mut().graceful_shutdown();
+                        asked_to_close = true;
+                    }
+                    () = shutdown.draining(), if !asked_to_close => {
+                        connection.as_mut().graceful_shutdown();
+                        asked_to_close = true;
+                    }
+                    () = shutdown.abandoned() => break ClosedBy::abandoned,
+                }
+            };
+            shutdown.metrics().connection_closed(closed_by);
+        });
+    }
+}

@@ -1,0 +1,161 @@
+//! The example domain — a link shortener. This is the part users replace.
+//!
+//! `POST /api/links` shows the cancellation pattern: the transaction runs on
+//! a task tracked by the lifecycle ([`RequestScope::run`]), so a client that
+//! hangs up cancels it through its token instead of dropping it mid-query.
+
+pub mod validate;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::header::LOCATION;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::{Deserialize, Serialize};
+
+use crate::http::{ApiError, AppState};
+use crate::lifecycle::RequestScope;
+use crate::storage::{Storage, StorageError, StoredLink};
+
+/// How many times a generated code is retried after a collision.
+const GENERATE_ATTEMPTS: usize = 5;
+
+/// The link routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/links", post(create))
+        .route("/api/links/{code}", get(show))
+        .route("/{code}", get(redirect))
+}
+
+/// Body of `POST /api/links`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateLink {
+    /// Absolute http(s) URL to redirect to.
+    pub url: String,
+    /// Custom code; generated when absent.
+    pub code: Option<String>,
+}
+
+/// Answer of `POST /api/links`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LinkCreated {
+    /// Short code.
+    pub code: String,
+    /// Target URL.
+    pub url: String,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+}
+
+/// Answer of `GET /api/links/{code}`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LinkInfo {
+    /// Short code.
+    pub code: String,
+    /// Target URL.
+    pub url: String,
+    /// Redirects served so far.
+    pub hits: i64,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+}
+
+impl From<StorageError> for ApiError {
+    fn from(error: StorageError) -> ApiError {
+        match error {
+            StorageError::Conflict => ApiError::Conflict("code is already taken".to_owned()),
+            StorageError::Cancelled => ApiError::Cancelled,
+            StorageError::Unavailable(_) => {
+                ApiError::Unavailable("the database is unavailable; retry later".to_owned())
+            }
+            other => ApiError::Internal(Box::new(other)),
+        }
+    }
+}
+
+async fn create(
+    State(storage): State<Storage>,
+    Extension(scope): Extension<RequestScope>,
+    payload: Result<Json<CreateLink>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(payload) = payload?;
+    let url = validate::url(&payload.url).map_err(ApiError::BadRequest)?;
+    let custom = payload
+        .code
+        .as_deref()
+        .map(validate::code)
+        .transpose()
+        .map_err(ApiError::BadRequest)?;
+
+    // The transaction runs to its own end even if this future is dropped.
+    let link = scope
+        .run(move |token| async move {
+            let attempts = if custom.is_some() {
+                1
+            } else {
+                GENERATE_ATTEMPTS
+            };
+            let mut last = StorageError::Conflict;
+            for _ in 0..attempts {
+                let link = StoredLink {
+                    code: custom.clone().unwrap_or_else(validate::generate_code),
+                    url: url.clone(),
+                    hits: 0,
+                    created_at: now_rfc3339(),
+                };
+                match storage.insert_link(&link, &token).await {
+                    Ok(()) => return Ok(link),
+                    Err(StorageError::Conflict) => last = StorageError::Conflict,
+                    Err(other) => return Err(other),
+                }
+            }
+            Err(last)
+        })
+        .await
+        .map_err(|error| ApiError::Internal(Box::new(error)))??;
+
+    let location = format!("/api/links/{}", link.code);
+    let body = LinkCreated {
+        code: link.code,
+        url: link.url,
+        created_at: link.created_at,
+    };
+    Ok((StatusCode::CREATED, [(LOCATION, location)], Json(body)).into_response())
+}
+
+async fn show(
+    State(storage): State<Storage>,
+    Path(code): Path<String>,
+) -> Result<Json<LinkInfo>, ApiError> {
+    let link = find(&storage, &code).await?;
+    Ok(Json(LinkInfo {
+        code: link.code,
+        url: link.url,
+        hits: link.hits,
+        created_at: link.created_at,
+    }))
+}
+
+async fn redirect(
+    State(storage): State<Storage>,
+    Path(code): Path<String>,
+) -> Result<Redirect, ApiError> {
+    let link = find(&storage, &code).await?;
+    storage.add_hits(&[(link.code, 1)]).await?;
+    Ok(Redirect::temporary(&link.url))
+}
+
+async fn find(storage: &Storage, code: &str) -> Result<StoredLink, ApiError> {
+    storage
+        .find_link(code)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no link with code '{code}'")))
+}
+
+fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}

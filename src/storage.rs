@@ -1,0 +1,532 @@
+//! The example's storage: one sqlx pool over SQLite (the zero-setup default)
+//! or PostgreSQL (production), with portable SQL, so handlers never know
+//! which one runs.
+//!
+//! Its one lifecycle concern is cancellation: a transaction that sees its
+//! request's token fire stops at the next safe point, asks PostgreSQL to
+//! cancel a statement that is blocked inside the server, rolls back
+//! explicitly and returns its connection to the pool clean.
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::pin;
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{AnyConnection, AnyPool, ConnectOptions, Connection, Executor, Row};
+use tokio_util::sync::CancellationToken;
+
+/// How long startup waits for the first database connection before it
+/// gives up with a clear error.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a request waits for a pooled connection before it is answered
+/// 503: a full pool is back-pressure, not a reason to queue forever.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The `application_name` of the service's PostgreSQL sessions, so they can
+/// be told apart in `pg_stat_activity`.
+pub const APPLICATION_NAME: &str = "lameduck";
+
+/// Which database runs behind the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Embedded SQLite file.
+    Sqlite,
+    /// PostgreSQL server.
+    Postgres,
+}
+
+/// Errors at the storage boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The URL names no supported database.
+    #[error("unsupported database URL {0}: expected postgres:// or sqlite://")]
+    UnsupportedUrl(String),
+    /// The data directory could not be created.
+    #[error("cannot create the data directory {path}")]
+    DataDir {
+        /// The directory.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The database did not accept a connection at startup.
+    #[error("cannot connect to the database at {target}")]
+    Connect {
+        /// The URL with its password removed.
+        target: String,
+        /// Why.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The embedded migrations failed.
+    #[error("database migrations failed")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A unique key is taken.
+    #[error("already exists")]
+    Conflict,
+    /// The request's token fired; the work was rolled back.
+    #[error("cancelled")]
+    Cancelled,
+    /// The database cannot be reached right now.
+    #[error("database unavailable")]
+    Unavailable(#[source] sqlx::Error),
+    /// Any other database error.
+    #[error("database error")]
+    Query(#[source] sqlx::Error),
+}
+
+impl From<sqlx::Error> for StorageError {
+    fn from(error: sqlx::Error) -> StorageError {
+        match &error {
+            sqlx::Error::Database(db) if db.is_unique_violation() => StorageError::Conflict,
+            sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_) => StorageError::Unavailable(error),
+            _ => StorageError::Query(error),
+        }
+    }
+}
+
+/// Counters of how pooled connections are treated.
+#[derive(Clone, Debug, Default)]
+pub struct StorageMetrics {
+    connections_opened: Counter,
+    connections_discarded: Counter,
+    found_in_transaction: Counter,
+    rollbacks_on_cancel: Counter,
+    statements_cancelled: Counter,
+}
+
+impl StorageMetrics {
+    /// Registers the series under `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "db_connections_opened",
+            "Database connections opened by the pool",
+            self.connections_opened.clone(),
+        );
+        registry.register(
+            "db_connections_discarded",
+            "Pooled connections closed because they could not be returned clean (should stay 0)",
+            self.connections_discarded.clone(),
+        );
+        registry.register(
+            "db_connections_in_transaction_at_release",
+            "Connections found inside a transaction when returned to the pool (should stay 0)",
+            self.found_in_transaction.clone(),
+        );
+        registry.register(
+            "db_rollbacks_on_cancel",
+            "Transactions rolled back because their request was cancelled",
+            self.rollbacks_on_cancel.clone(),
+        );
+        registry.register(
+            "db_statements_cancelled",
+            "Statements cancelled inside PostgreSQL because their request was cancelled",
+            self.statements_cancelled.clone(),
+        );
+    }
+
+    /// Connections opened so far.
+    pub fn connections_opened(&self) -> u64 {
+        self.connections_opened.get()
+    }
+
+    /// Connections discarded so far.
+    pub fn connections_discarded(&self) -> u64 {
+        self.connections_discarded.get()
+    }
+}
+
+/// A link as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredLink {
+    /// Short code.
+    pub code: String,
+    /// Target URL.
+    pub url: String,
+    /// Persisted hit count.
+    pub hits: i64,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+}
+
+/// The pool, plus (on PostgreSQL) a one-connection side pool that cancels
+/// blocked statements even when the main pool is exhausted.
+#[derive(Clone, Debug)]
+pub struct Storage {
+    pool: AnyPool,
+    backend: Backend,
+    canceller: Option<AnyPool>,
+    metrics: StorageMetrics,
+}
+
+// === impl Storage ===
+
+impl Storage {
+    /// Opens the database at `url` (default: SQLite at
+    /// `data_dir/lameduck.db`), checks that it answers, and runs the
+    /// embedded migrations.
+    ///
+    /// # Errors
+    /// A [`StorageError`] naming what failed; it never contains the password.
+    pub async fn open(
+        url: Option<&str>,
+        data_dir: &Path,
+        max_connections: u32,
+        metrics: StorageMetrics,
+    ) -> Result<Storage, StorageError> {
+        sqlx::any::install_default_drivers();
+        let url = match url {
+            Some(url) => url.to_owned(),
+            None => {
+                std::fs::create_dir_all(data_dir).map_err(|source| StorageError::DataDir {
+                    path: data_dir.display().to_string(),
+                    source,
+                })?;
+                format!(
+                    "sqlite://{}?mode=rwc",
+                    data_dir.join("lameduck.db").display()
+                )
+            }
+        };
+        let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Backend::Postgres
+        } else if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else {
+            return Err(StorageError::UnsupportedUrl(redact(&url)));
+        };
+        let target = redact(&url);
+        let connect_error = |source| StorageError::Connect {
+            target: target.clone(),
+            source,
+        };
+        let url = match backend {
+            Backend::Postgres => with_application_name(&url),
+            Backend::Sqlite => url,
+        };
+        let options = url
+            .parse::<AnyConnectOptions>()
+            .map_err(connect_error)?
+            .log_statements(tracing::log::LevelFilter::Debug);
+
+        // One direct connection first: its error says what is wrong, where
+        // a pool would only time out.
+        tokio::time::timeout(CONNECT_TIMEOUT, AnyConnection::connect_with(&options))
+            .await
+            .map_err(|_elapsed| connect_error(sqlx::Error::PoolTimedOut))?
+            .map_err(connect_error)?
+            .close()
+            .await
+            .map_err(connect_error)?;
+
+        let pool =
+            pool_options(backend, max_connections, &metrics).connect_lazy_with(options.clone());
+        let canceller = (backend == Backend::Postgres).then(|| {
+            AnyPoolOptions::new()
+                .max_connections(1)
+                .min_connections(0)
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .connect_lazy_with(options)
+        });
+        let storage = Storage {
+            pool,
+            backend,
+            canceller,
+            metrics,
+        };
+        storage.migrate().await?;
+        Ok(storage)
+    }
+
+    async fn migrate(&self) -> Result<(), StorageError> {
+        match self.backend {
+            Backend::Postgres => {
+                sqlx::migrate!("migrations/postgres")
+                    .run(&self.pool)
+                    .await?
+            }
+            Backend::Sqlite => sqlx::migrate!("migrations/sqlite").run(&self.pool).await?,
+        }
+        Ok(())
+    }
+
+    /// Which database runs.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The pool, for tests and tooling.
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    /// The connection counters.
+    pub fn metrics(&self) -> &StorageMetrics {
+        &self.metrics
+    }
+
+    /// Closes the pool: waits for connections in use to come back, then
+    /// closes them all.
+    pub async fn close(&self) {
+        self.pool.close().await;
+        if let Some(canceller) = &self.canceller {
+            canceller.close().await;
+        }
+    }
+
+    /// Inserts `link` and its audit row in one transaction.
+    ///
+    /// `token` is checked at every safe point. If it fires while a statement
+    /// runs inside PostgreSQL (blocked on a lock, say), the statement is
+    /// cancelled server-side; either way the transaction is rolled back and
+    /// the connection goes back to the pool clean.
+    ///
+    /// # Errors
+    /// [`StorageError::Conflict`] if the code is taken,
+    /// [`StorageError::Cancelled`] if the token fired, or the database error.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropping the future mid-statement is exactly what
+    /// leaves a connection inside a transaction. Run it to completion on a
+    /// tracked task (`RequestScope::run`) and signal it through `token`.
+    pub async fn insert_link(
+        &self,
+        link: &StoredLink,
+        token: &CancellationToken,
+    ) -> Result<(), StorageError> {
+        if token.is_cancelled() {
+            return Err(StorageError::Cancelled);
+        }
+        let mut conn = self.pool.acquire().await?;
+        let backend_pid = self.backend_pid(&mut conn).await?;
+        let mut tx = conn.begin_with(self.begin_statement()).await?;
+
+        let statements = async {
+            sqlx::query("INSERT INTO links (code, url, hits, created_at) VALUES ($1, $2, 0, $3)")
+                .bind(&link.code)
+                .bind(&link.url)
+                .bind(&link.created_at)
+                .execute(&mut *tx)
+                .await?;
+            if token.is_cancelled() {
+                return Err(StorageError::Cancelled);
+            }
+            sqlx::query("INSERT INTO link_audit (code, action, at) VALUES ($1, 'created', $2)")
+                .bind(&link.code)
+                .bind(&link.created_at)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        };
+        let result = self.cancel_on(token, backend_pid, statements).await;
+
+        match result {
+            Ok(()) if !token.is_cancelled() => Ok(tx.commit().await?),
+            other => {
+                tx.rollback().await?;
+                if token.is_cancelled() {
+                    self.metrics.rollbacks_on_cancel.inc();
+                    return Err(StorageError::Cancelled);
+                }
+                other
+            }
+        }
+    }
+
+    /// Looks a link up by code.
+    ///
+    /// # Errors
+    /// The database error.
+    pub async fn find_link(&self, code: &str) -> Result<Option<StoredLink>, StorageError> {
+        let row = sqlx::query("SELECT code, url, hits, created_at FROM links WHERE code = $1")
+            .bind(code)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|row| -> Result<StoredLink, sqlx::Error> {
+            Ok(StoredLink {
+                code: row.try_get("code")?,
+                url: row.try_get("url")?,
+                hits: row.try_get("hits")?,
+                created_at: row.try_get("created_at")?,
+            })
+        })
+        .transpose()
+        .map_err(StorageError::from)
+    }
+
+    /// Adds hits to links, all in one transaction: either every count lands
+    /// or none does.
+    ///
+    /// # Errors
+    /// The database error; nothing was written.
+    pub async fn add_hits(&self, hits: &[(String, u64)]) -> Result<(), StorageError> {
+        if hits.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin_with(self.begin_statement()).await?;
+        for (code, count) in hits {
+            let count = i64::try_from(*count).unwrap_or(i64::MAX);
+            sqlx::query("UPDATE links SET hits = hits + $1 WHERE code = $2")
+                .bind(count)
+                .bind(code)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// `true` if the database answers a trivial query.
+    pub async fn is_available(&self) -> bool {
+        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+
+    fn begin_statement(&self) -> &'static str {
+        match self.backend {
+            // Take the write lock up front: a deferred transaction that
+            // upgrades later fails with SQLITE_BUSY instead of waiting.
+            Backend::Sqlite => "BEGIN IMMEDIATE",
+            Backend::Postgres => "BEGIN",
+        }
+    }
+
+    async fn backend_pid(&self, conn: &mut AnyConnection) -> Result<Option<i32>, StorageError> {
+        match self.backend {
+            Backend::Postgres => Ok(Some(
+                sqlx::query_scalar("SELECT pg_backend_pid()")
+                    .fetch_one(conn)
+                    .await?,
+            )),
+            Backend::Sqlite => Ok(None),
+        }
+    }
+
+    /// Runs `work` to completion. If `token` fires first, asks PostgreSQL to
+    /// cancel whatever the backend `pid` is executing, so a statement
+    /// blocked on a lock returns at once with an error instead of whenever
+    /// the lock clears. `work` is never dropped half-way.
+    async fn cancel_on<T>(
+        &self,
+        token: &CancellationToken,
+        pid: Option<i32>,
+        work: impl Future<Output = Result<T, StorageError>>,
+    ) -> Result<T, StorageError> {
+        let mut work = pin!(work);
+        tokio::select! {
+            result = work.as_mut() => return result,
+            () = token.cancelled() => {}
+        }
+        if let (Some(pid), Some(canceller)) = (pid, &self.canceller) {
+            match sqlx::query("SELECT pg_cancel_backend($1)")
+                .bind(pid)
+                .execute(canceller)
+                .await
+            {
+                Ok(_) => {
+                    self.metrics.statements_cancelled.inc();
+                }
+                Err(error) => tracing::warn!(%error, pid, "could not cancel a blocked statement"),
+            }
+        }
+        work.await
+    }
+}
+
+/// The pool's options: connection setup, and the check that no connection
+/// ever goes back into the pool inside a transaction.
+fn pool_options(
+    backend: Backend,
+    max_connections: u32,
+    metrics: &StorageMetrics,
+) -> AnyPoolOptions {
+    let opened = metrics.connections_opened.clone();
+    let checked = metrics.clone();
+    AnyPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .after_connect(move |conn, _meta| {
+            let opened = opened.clone();
+            Box::pin(async move {
+                if backend == Backend::Sqlite {
+                    conn.execute(
+                        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000;",
+                    )
+                    .await?;
+                }
+                opened.inc();
+                Ok(())
+            })
+        })
+        .after_release(move |conn, _meta| {
+            let metrics = checked.clone();
+            Box::pin(async move {
+                if !conn.is_in_transaction() {
+                    return Ok(true);
+                }
+                // The cancelled-`BEGIN` hole (sqlx #2054): never hand this
+                // connection to the next request as it is.
+                metrics.found_in_transaction.inc();
+                tracing::error!("a pooled connection came back inside a transaction; rolling it back");
+                let clean = conn.execute("ROLLBACK").await.is_ok();
+                if !clean {
+                    metrics.connections_discarded.inc();
+                }
+                Ok(clean)
+            })
+        })
+}
+
+/// `url` with `application_name` set, unless it sets one already.
+fn with_application_name(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed)
+            if !parsed
+                .query_pairs()
+                .any(|(key, _)| key == "application_name") =>
+        {
+            parsed
+                .query_pairs_mut()
+                .append_pair("application_name", APPLICATION_NAME);
+            parsed.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// `url` with its password replaced, for messages and logs.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            // Cannot fail for a URL that already has a password.
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        Ok(parsed) => parsed.to_string(),
+        Err(_) => "<unparseable URL>".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_hides_the_password_and_keeps_the_rest() {
+        let redacted = redact("postgres://app:s3cret@127.0.0.1:5432/links");
+        assert!(!redacted.contains("s3cret"), "{redacted}");
+        assert!(
+            redacted.contains("app:***@127.0.0.1:5432/links"),
+            "{redacted}"
+        );
+        assert_eq!(redact("not a url s3cret"), "<unparseable URL>");
+    }
+}

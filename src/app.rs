@@ -36,6 +36,17 @@ pub enum StartupError {
     },
 }
 
+/// The pieces of a built [`App`].
+#[derive(Debug)]
+pub struct AppParts {
+    /// The bound listener.
+    pub listener: TcpListener,
+    /// The full router.
+    pub router: Router,
+    /// The open database; close it after serving.
+    pub storage: Storage,
+}
+
 /// A built service: database open, listener bound, router ready.
 #[derive(Debug)]
 pub struct App {
@@ -100,6 +111,16 @@ impl App {
         self.listener
             .local_addr()
             .expect("a bound listener has a local address")
+    }
+
+    /// Takes the app apart, for serving its router with another server loop
+    /// (the load harness's plain-axum baseline does this).
+    pub fn into_parts(self) -> AppParts {
+        AppParts {
+            listener: self.listener,
+            router: self.router,
+            storage: self.storage,
+        }
     }
 
     /// Serves until the shutdown handle is triggered, drains, then closes

@@ -108,6 +108,21 @@ impl LifecycleMetrics {
         );
     }
 
+    /// Requests in flight now.
+    pub fn requests_in_flight(&self) -> i64 {
+        self.requests_in_flight.get()
+    }
+
+    /// Requests dropped before their response, so far.
+    pub fn requests_aborted(&self) -> u64 {
+        self.requests_aborted.get()
+    }
+
+    /// Connections open now, of every protocol.
+    pub fn open_connections(&self) -> i64 {
+        self.connections_open_total()
+    }
+
     pub(crate) fn connections_open(&self, protocol: Protocol) -> Gauge {
         self.connections_open
             .get_or_create(&ProtocolLabels { protocol })

@@ -32,7 +32,7 @@ mod shutdown;
 pub mod signal;
 
 pub use metrics::LifecycleMetrics;
-pub use request::RequestScope;
+pub use request::{RequestScope, Scoped};
 pub use serve::{serve, DrainConfig, DrainOutcome, DrainReport, ACCEPT_ERROR_BACKOFF};
 pub use shutdown::{Phase, Shutdown};
 

@@ -8,7 +8,6 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONNECTION};
 use hyper::{Request, Response, Version};
 use prometheus_client::metrics::gauge::Gauge;
@@ -176,37 +175,63 @@ impl Drop for InFlightGuard {
     }
 }
 
-/// Wraps the application service for one connection: gives each request its
-/// [`RequestScope`], counts it, and during shutdown asks the client to go
-/// away (`Connection: close` on HTTP/1, GOAWAY on HTTP/2).
+/// The per-request half of the lifecycle, as a service around the
+/// application: gives each request its [`RequestScope`], counts it in
+/// flight, and during shutdown asks HTTP/1 clients to close
+/// (`Connection: close`) and HTTP/2 connections to go away (GOAWAY).
+///
+/// [`serve`](super::serve) wraps every connection's service in it; it is
+/// public so that tests can drive single requests through it.
 #[derive(Clone, Debug)]
-pub(crate) struct ScopedService<S> {
-    pub(crate) inner: S,
-    pub(crate) conn: Arc<ConnState>,
-    pub(crate) shutdown: Shutdown,
+pub struct Scoped<S> {
+    inner: S,
+    shutdown: Shutdown,
+    conn: Option<Arc<ConnState>>,
 }
 
-impl<S, B> hyper::service::Service<Request<Incoming>> for ScopedService<S>
+impl<S> Scoped<S> {
+    /// Wraps `inner`; requests are scoped by `shutdown`'s timeline.
+    pub fn new(inner: S, shutdown: Shutdown) -> Scoped<S> {
+        Scoped {
+            inner,
+            shutdown,
+            conn: None,
+        }
+    }
+
+    pub(crate) fn for_connection(inner: S, shutdown: Shutdown, conn: Arc<ConnState>) -> Scoped<S> {
+        Scoped {
+            inner,
+            shutdown,
+            conn: Some(conn),
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> hyper::service::Service<Request<ReqBody>> for Scoped<S>
 where
-    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+    S: tower::Service<Request<ReqBody>, Response = Response<ResBody>, Error = Infallible>
         + Clone
         + Send
         + 'static,
     S::Future: Send,
+    ReqBody: Send + 'static,
 {
-    type Response = Response<B>;
+    type Response = Response<ResBody>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<B>, Infallible>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ResBody>, Infallible>> + Send>>;
 
-    fn call(&self, mut request: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut request: Request<ReqBody>) -> Self::Future {
         let http2 = request.version() == Version::HTTP_2;
-        self.conn.observe(request.version());
-        if http2 && self.shutdown.is_triggered() {
-            self.conn.goaway.cancel();
+        if let Some(conn) = &self.conn {
+            conn.observe(request.version());
+            if http2 && self.shutdown.is_triggered() {
+                conn.goaway.cancel();
+            }
         }
 
         let inner = self.inner.clone();
-        let conn = Arc::clone(&self.conn);
+        let conn = self.conn.clone();
         let shutdown = self.shutdown.clone();
         Box::pin(async move {
             let token = shutdown.request_token();
@@ -227,7 +252,9 @@ where
                 response
                     .headers_mut()
                     .insert(CONNECTION, HeaderValue::from_static("close"));
-                conn.close_sent.store(true, Ordering::Release);
+                if let Some(conn) = conn {
+                    conn.close_sent.store(true, Ordering::Release);
+                }
             }
             Ok(response)
         })

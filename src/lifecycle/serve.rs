@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use super::metrics::ClosedBy;
-use super::request::{ConnState, ScopedService};
+use super::request::{ConnState, Scoped};
 use super::{Phase, Shutdown, DEADLINE_CLEANUP_GRACE, LOG_TARGET};
 
 /// How long the accept loop pauses after an error that is not about one
@@ -130,10 +130,10 @@ where
                 delay = ?config.drain_delay,
                 "lame duck: still serving, asking clients to reconnect elsewhere"
             );
-        }
-        tokio::select! {
-            () = tokio::time::sleep(config.drain_delay) => {}
-            () = shutdown.forced() => {}
+            tokio::select! {
+                () = tokio::time::sleep(config.drain_delay) => {}
+                () = shutdown.forced() => {}
+            }
         }
         stop_accepting.cancel();
         signalled
@@ -185,17 +185,17 @@ where
     };
     let drain = draining.elapsed();
 
-    let requests_abandoned = metrics.requests_in_flight.get();
-    let connections_abandoned = connections_open(&shutdown);
+    if outcome != DrainOutcome::Clean {
+        shutdown.abandon();
+    }
+    let abandoned = shutdown.abandoned_work().unwrap_or_default();
     if outcome != DrainOutcome::Clean {
         warn!(
             target: LOG_TARGET,
-            requests_abandoned,
-            connections_abandoned,
-            tasks = tracker.len(),
-            "abandoning remaining work"
+            requests = abandoned.requests,
+            connections = abandoned.connections,
+            "abandoned the remaining work"
         );
-        shutdown.abandon();
     }
     metrics.drain_seconds.set(drain.as_secs_f64());
     shutdown.set_phase(Phase::Finalizing);
@@ -209,10 +209,10 @@ where
         backlog_accepted,
         requests_drained: metrics.requests_drained.get(),
         requests_aborted: metrics.requests_aborted.get(),
-        requests_abandoned,
+        requests_abandoned: abandoned.requests,
         closed_by_client: metrics.connections_closed_by(ClosedBy::client),
         closed_by_server: metrics.connections_closed_by(ClosedBy::server),
-        connections_abandoned,
+        connections_abandoned: abandoned.connections,
     }
 }
 
@@ -348,11 +348,11 @@ where
             debug!(%error, %peer, "could not set TCP_NODELAY");
         }
         let conn = Arc::new(ConnState::new(self.shutdown.metrics()));
-        let service = ScopedService {
-            inner: self.service.clone(),
-            conn: Arc::clone(&conn),
-            shutdown: self.shutdown.clone(),
-        };
+        let service = Scoped::for_connection(
+            self.service.clone(),
+            self.shutdown.clone(),
+            Arc::clone(&conn),
+        );
         let builder = self.builder.clone();
         let shutdown = self.shutdown.clone();
         self.shutdown.tracker().spawn(async move {
@@ -394,5 +394,61 @@ where
             };
             shutdown.metrics().connection_closed(closed_by);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::lifecycle::LifecycleMetrics;
+
+    /// Collects the streams instead of serving them.
+    #[derive(Default)]
+    struct Collect {
+        streams: Mutex<Vec<TcpStream>>,
+        metrics: LifecycleMetrics,
+    }
+
+    impl SpawnConnection for Collect {
+        fn spawn(&self, stream: TcpStream, _peer: SocketAddr) {
+            self.streams.lock().expect("not poisoned").push(stream);
+        }
+
+        fn metrics(&self) -> &LifecycleMetrics {
+            &self.metrics
+        }
+    }
+
+    // Connections that completed the handshake but were not yet accepted
+    // when the accept loop stopped must be served, not reset by close().
+    #[tokio::test]
+    async fn backlog_connections_are_taken_before_the_listener_closes() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let clients: Vec<std::net::TcpStream> = (0..5)
+            .map(|_| std::net::TcpStream::connect(addr).expect("connect into the backlog"))
+            .collect();
+
+        let collect = Collect::default();
+        assert_eq!(accept_backlog(listener, &collect), 5);
+
+        // Each accepted stream is a live connection to its client.
+        let mut accepted = collect.streams.into_inner().expect("not poisoned");
+        for (client, server) in clients.iter().zip(accepted.iter_mut()) {
+            let mut client = client;
+            client.write_all(b"x").expect("client writes");
+            let mut byte = [0u8; 1];
+            server.readable().await.expect("readable");
+            assert_eq!(server.try_read(&mut byte).expect("server reads"), 1);
+            server.try_write(b"y").expect("server writes");
+            client.read_exact(&mut byte).expect("client reads");
+            assert_eq!(&byte, b"y");
+        }
+        // And the listener is gone: new attempts are refused.
+        let refused = std::net::TcpStream::connect(addr).expect_err("listener closed");
+        assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused);
     }
 }

@@ -54,6 +54,13 @@ impl Phase {
     }
 }
 
+/// Work that was running when the process gave up on it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Abandoned {
+    pub(crate) requests: i64,
+    pub(crate) connections: i64,
+}
+
 /// A handle on the shutdown timeline, shared by the signal handler, the
 /// accept loop, every connection, every request and the application.
 ///
@@ -79,6 +86,9 @@ struct Inner {
     abandon: CancellationToken,
     /// Set once, by the first call to `force`.
     forced: OnceLock<String>,
+    /// What was still running when the process gave up on it; taken just
+    /// before `abandon` is cancelled, since the count drops right after.
+    abandoned: OnceLock<Abandoned>,
     /// Why shutdown started; set once, by the first call to `trigger`.
     reason: OnceLock<String>,
     phase: AtomicU8,
@@ -123,7 +133,7 @@ impl Shutdown {
             tracing::warn!(target: LOG_TARGET, %reason, "shutdown forced: abandoning all remaining work");
         }
         self.inner.requests.cancel();
-        self.inner.abandon.cancel();
+        self.abandon();
     }
 
     /// `true` once shutdown has started; readiness is the negation of this.
@@ -198,9 +208,20 @@ impl Shutdown {
         self.inner.requests.cancel();
     }
 
-    /// Drops every remaining connection, without marking the shutdown forced.
+    /// Drops every remaining connection, without marking the shutdown
+    /// forced, and remembers how much work that was.
     pub(crate) fn abandon(&self) {
+        let metrics = &self.inner.metrics;
+        let _ = self.inner.abandoned.set(Abandoned {
+            requests: metrics.requests_in_flight(),
+            connections: metrics.open_connections(),
+        });
         self.inner.abandon.cancel();
+    }
+
+    /// What was abandoned, if anything was.
+    pub(crate) fn abandoned_work(&self) -> Option<Abandoned> {
+        self.inner.abandoned.get().copied()
     }
 
     pub(crate) fn abandoned(&self) -> WaitForCancellationFuture<'_> {

@@ -1,0 +1,279 @@
+//! The lifecycle in process: `lifecycle::serve` on a port-0 listener with a
+//! test router, sequenced with channels and paused time rather than sleeps.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Extension, Router};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper::{Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use lameduck::lifecycle::{
+    serve, DrainConfig, DrainOutcome, DrainReport, LifecycleMetrics, RequestScope, Shutdown,
+};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+
+/// What the test routes report back to the test.
+#[derive(Clone)]
+struct Probe {
+    /// A handler has started.
+    entered: mpsc::UnboundedSender<&'static str>,
+    /// Releases `/hold`.
+    release: Arc<Notify>,
+    /// A request's token fired and its cleanup ran.
+    cleaned_up: mpsc::UnboundedSender<&'static str>,
+}
+
+struct Harness {
+    addr: std::net::SocketAddr,
+    shutdown: Shutdown,
+    serve: JoinHandle<DrainReport>,
+    entered: mpsc::UnboundedReceiver<&'static str>,
+    cleaned_up: mpsc::UnboundedReceiver<&'static str>,
+    release: Arc<Notify>,
+}
+
+async fn hold(State(probe): State<Probe>) -> &'static str {
+    let _ = probe.entered.send("hold");
+    probe.release.notified().await;
+    "released"
+}
+
+/// Cleanup runs on a tracked task: it survives the request future.
+async fn until_cancelled(
+    State(probe): State<Probe>,
+    Extension(scope): Extension<RequestScope>,
+) -> &'static str {
+    let _ = probe.entered.send("until_cancelled");
+    let cleaned_up = probe.cleaned_up.clone();
+    let _ = scope
+        .run(move |token| async move {
+            token.cancelled().await;
+            let _ = cleaned_up.send("until_cancelled");
+        })
+        .await;
+    "cancelled"
+}
+
+async fn start(config: DrainConfig) -> Harness {
+    let (entered_tx, entered) = mpsc::unbounded_channel();
+    let (cleaned_tx, cleaned_up) = mpsc::unbounded_channel();
+    let release = Arc::new(Notify::new());
+    let probe = Probe {
+        entered: entered_tx,
+        release: Arc::clone(&release),
+        cleaned_up: cleaned_tx,
+    };
+    let router = Router::new()
+        .route("/ok", get(|| async { "ok" }))
+        .route("/hold", get(hold))
+        .route("/until-cancelled", get(until_cancelled))
+        .with_state(probe);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let shutdown = Shutdown::new(LifecycleMetrics::default());
+    let serve = tokio::spawn(serve(listener, router, shutdown.clone(), config));
+    Harness {
+        addr,
+        shutdown,
+        serve,
+        entered,
+        cleaned_up,
+        release,
+    }
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+async fn connect(addr: std::net::SocketAddr) -> Sender {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    sender
+}
+
+fn get_request(path: &str) -> Request<Empty<Bytes>> {
+    Request::get(path)
+        .header("host", "lameduck.test")
+        .body(Empty::new())
+        .expect("request")
+}
+
+const LONG: Duration = Duration::from_secs(3600);
+
+// The core promise (axum #1070's sibling): shutdown waits for the request
+// already running, and answers it with `Connection: close`.
+#[tokio::test(start_paused = true)]
+async fn inflight_request_completes_after_shutdown_and_serve_resolves_only_afterwards() {
+    let mut harness = start(DrainConfig {
+        drain_delay: Duration::ZERO,
+        shutdown_timeout: LONG,
+    })
+    .await;
+    let mut client = connect(harness.addr).await;
+    let response = tokio::spawn(client.send_request(get_request("/hold")));
+    assert_eq!(harness.entered.recv().await, Some("hold"));
+
+    harness.shutdown.trigger("test");
+    // With time paused, this returns only once every task is idle: the
+    // drain has started and is waiting for the held request.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !harness.serve.is_finished(),
+        "serve resolved while a request was in flight"
+    );
+
+    harness.release.notify_one();
+    let response = response.await.expect("join").expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["connection"], "close");
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    assert_eq!(&body[..], b"released");
+
+    let report = harness.serve.await.expect("serve");
+    assert_eq!(report.outcome, DrainOutcome::Clean);
+    assert_eq!(report.requests_drained, 1);
+    assert_eq!(report.closed_by_server, 1);
+}
+
+// A request that outlives the shutdown timeout has its token fired, gets to
+// clean up, and the drain reports the deadline rather than hanging.
+#[tokio::test(start_paused = true)]
+async fn the_deadline_fires_request_tokens_lets_cleanup_run_and_reports_it() {
+    let mut harness = start(DrainConfig {
+        drain_delay: Duration::ZERO,
+        shutdown_timeout: Duration::from_secs(5),
+    })
+    .await;
+    let mut client = connect(harness.addr).await;
+    let response = tokio::spawn(client.send_request(get_request("/until-cancelled")));
+    assert_eq!(harness.entered.recv().await, Some("until_cancelled"));
+
+    harness.shutdown.trigger("test");
+    assert_eq!(harness.cleaned_up.recv().await, Some("until_cancelled"));
+    let report = harness.serve.await.expect("serve");
+    assert_eq!(report.outcome, DrainOutcome::DeadlineExceeded);
+    assert!(report.drain >= Duration::from_secs(5), "{:?}", report.drain);
+    // The handler itself returned after its cleanup: it was answered.
+    let response = response.await.expect("join").expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+// The drop-guard pattern: a client that hangs up cancels its request's
+// token, and the cleanup on the tracked task still runs to its end.
+#[tokio::test]
+async fn a_client_that_hangs_up_cancels_its_request_and_cleanup_runs() {
+    let mut harness = start(DrainConfig {
+        drain_delay: Duration::ZERO,
+        shutdown_timeout: LONG,
+    })
+    .await;
+    let mut stream = TcpStream::connect(harness.addr).await.expect("connect");
+    tokio::io::AsyncWriteExt::write_all(
+        &mut stream,
+        b"GET /until-cancelled HTTP/1.1\r\nhost: lameduck.test\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    assert_eq!(harness.entered.recv().await, Some("until_cancelled"));
+    drop(stream);
+
+    let cleaned = tokio::time::timeout(Duration::from_secs(10), harness.cleaned_up.recv()).await;
+    assert_eq!(
+        cleaned.expect("token fired after hang-up"),
+        Some("until_cancelled")
+    );
+    assert_eq!(harness.shutdown.metrics().requests_aborted(), 1);
+
+    harness.shutdown.trigger("test");
+    let report = harness.serve.await.expect("serve");
+    assert_eq!(report.outcome, DrainOutcome::Clean);
+    assert_eq!(report.requests_aborted, 1);
+}
+
+// Lame duck: the server still accepts and serves new connections after the
+// signal (a balancer may not have noticed yet), but tells them to close.
+#[tokio::test(start_paused = true)]
+async fn during_the_drain_delay_new_connections_are_served_and_told_to_close() {
+    let harness = start(DrainConfig {
+        drain_delay: Duration::from_secs(5),
+        shutdown_timeout: LONG,
+    })
+    .await;
+    let mut idle = connect(harness.addr).await;
+    let response = idle.send_request(get_request("/ok")).await.expect("before");
+    assert!(response.headers().get("connection").is_none());
+
+    harness.shutdown.trigger("test");
+    let mut late = connect(harness.addr).await;
+    let response = late.send_request(get_request("/ok")).await.expect("late");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["connection"], "close");
+
+    // The idle keep-alive connection was not cut; its next answer says close.
+    idle.ready().await.expect("idle connection still open");
+    let response = idle.send_request(get_request("/ok")).await.expect("idle");
+    assert_eq!(response.headers()["connection"], "close");
+
+    let report = harness.serve.await.expect("serve");
+    assert_eq!(report.outcome, DrainOutcome::Clean);
+    assert!(
+        report.lame_duck >= Duration::from_secs(5),
+        "{:?}",
+        report.lame_duck
+    );
+}
+
+// An idle server with no drain delay stops at once: no polling interval.
+#[tokio::test(start_paused = true)]
+async fn an_idle_server_finishes_the_drain_without_waiting() {
+    let harness = start(DrainConfig {
+        drain_delay: Duration::ZERO,
+        shutdown_timeout: LONG,
+    })
+    .await;
+    let mut idle = connect(harness.addr).await;
+    idle.send_request(get_request("/ok")).await.expect("served");
+    let started = tokio::time::Instant::now();
+    harness.shutdown.trigger("test");
+    let report = harness.serve.await.expect("serve");
+    assert_eq!(report.outcome, DrainOutcome::Clean);
+    // Paused time only moves when something sleeps: nothing did.
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert_eq!(report.closed_by_server, 1);
+}
+
+// A forced shutdown (second signal) does not wait for anything.
+#[tokio::test(start_paused = true)]
+async fn force_abandons_inflight_work_at_once() {
+    let mut harness = start(DrainConfig {
+        drain_delay: Duration::from_secs(30),
+        shutdown_timeout: LONG,
+    })
+    .await;
+    let mut client = connect(harness.addr).await;
+    let response = tokio::spawn(client.send_request(get_request("/hold")));
+    assert_eq!(harness.entered.recv().await, Some("hold"));
+
+    harness.shutdown.trigger("first");
+    harness.shutdown.force("second");
+    let report = harness.serve.await.expect("serve");
+    assert_eq!(report.outcome, DrainOutcome::Forced);
+    assert_eq!(report.requests_abandoned, 1);
+    assert!(
+        response.await.expect("join").is_err(),
+        "the held request was dropped"
+    );
+}

@@ -112,8 +112,12 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     let mut message = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
+        // Some errors already print their source; say it once.
+        let cause_text = cause.to_string();
+        if !message.ends_with(&cause_text) {
+            message.push_str(": ");
+            message.push_str(&cause_text);
+        }
         source = cause.source();
     }
     message

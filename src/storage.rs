@@ -30,6 +30,9 @@ pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 /// be told apart in `pg_stat_activity`.
 pub const APPLICATION_NAME: &str = "lameduck";
 
+/// The `application_name` of the side connection that cancels statements.
+pub const CANCELLER_APPLICATION_NAME: &str = "lameduck-canceller";
+
 /// Which database runs behind the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -209,14 +212,21 @@ impl Storage {
             target: target.clone(),
             source,
         };
-        let url = match backend {
-            Backend::Postgres => with_application_name(&url),
-            Backend::Sqlite => url,
+        let parse = |url: &str| {
+            url.parse::<AnyConnectOptions>()
+                .map(|options| options.log_statements(tracing::log::LevelFilter::Debug))
+                .map_err(connect_error)
         };
-        let options = url
-            .parse::<AnyConnectOptions>()
-            .map_err(connect_error)?
-            .log_statements(tracing::log::LevelFilter::Debug);
+        let (options, canceller_options) = match backend {
+            Backend::Postgres => (
+                parse(&with_application_name(&url, APPLICATION_NAME))?,
+                Some(parse(&with_application_name(
+                    &url,
+                    CANCELLER_APPLICATION_NAME,
+                ))?),
+            ),
+            Backend::Sqlite => (parse(&url)?, None),
+        };
 
         // One direct connection first: its error says what is wrong, where
         // a pool would only time out.
@@ -230,7 +240,7 @@ impl Storage {
 
         let pool =
             pool_options(backend, max_connections, &metrics).connect_lazy_with(options.clone());
-        let canceller = (backend == Backend::Postgres).then(|| {
+        let canceller = canceller_options.map(|options| {
             AnyPoolOptions::new()
                 .max_connections(1)
                 .min_connections(0)
@@ -485,8 +495,8 @@ fn pool_options(
         })
 }
 
-/// `url` with `application_name` set, unless it sets one already.
-fn with_application_name(url: &str) -> String {
+/// `url` with `application_name` set to `name`, unless it sets one already.
+fn with_application_name(url: &str, name: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut parsed)
             if !parsed
@@ -495,7 +505,7 @@ fn with_application_name(url: &str) -> String {
         {
             parsed
                 .query_pairs_mut()
-                .append_pair("application_name", APPLICATION_NAME);
+                .append_pair("application_name", name);
             parsed.to_string()
         }
         _ => url.to_owned(),

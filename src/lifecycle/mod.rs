@@ -33,7 +33,9 @@ pub mod signal;
 
 pub use metrics::LifecycleMetrics;
 pub use request::{RequestScope, Scoped};
-pub use serve::{serve, DrainConfig, DrainOutcome, DrainReport, ACCEPT_ERROR_BACKOFF};
+pub use serve::{
+    serve, DrainConfig, DrainOutcome, DrainReport, ACCEPT_ERROR_BACKOFF, FIRST_REQUEST_GRACE,
+};
 pub use shutdown::{Phase, Shutdown};
 
 use std::time::Duration;

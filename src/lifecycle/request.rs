@@ -76,6 +76,9 @@ pub(crate) struct ConnState {
     /// Cancelled when the server wants this HTTP/2 connection to go away
     /// (GOAWAY) before the drain, i.e. during the lame-duck period.
     pub(crate) goaway: CancellationToken,
+    /// Cancelled by the connection's first request: from then on hyper
+    /// knows the protocol and shuts the connection down gracefully.
+    pub(crate) first_request: CancellationToken,
     /// Set once a response went out with `Connection: close`: the server,
     /// not the client, ended this connection.
     close_sent: AtomicBool,
@@ -90,6 +93,7 @@ impl ConnState {
         ConnState {
             protocol: AtomicU8::new(Protocol::pending as u8),
             goaway: CancellationToken::new(),
+            first_request: CancellationToken::new(),
             close_sent: AtomicBool::new(false),
             open,
             metrics: metrics.clone(),
@@ -98,6 +102,7 @@ impl ConnState {
 
     /// Records the protocol when the first request reveals it.
     fn observe(&self, version: Version) {
+        self.first_request.cancel();
         let protocol = if version == Version::HTTP_2 {
             Protocol::http2
         } else {

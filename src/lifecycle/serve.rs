@@ -27,6 +27,13 @@ use super::{Phase, Shutdown, DEADLINE_CLEANUP_GRACE, LOG_TARGET};
 /// spin while descriptors are exhausted.
 pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 
+/// How long the drain lets a connection that has not sent its first request
+/// yet deliver it. hyper cancels a connection still detecting its protocol
+/// at once, which would reset a request already on its way (a connection
+/// just taken from the backlog); Go's `Server.Shutdown` gives new
+/// connections a similar grace. Bounded by the shutdown timeout.
+pub const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
+
 /// At most this many connections are taken from the listen backlog when the
 /// listener stops; more than any kernel backlog holds.
 const MAX_BACKLOG_DRAIN: usize = 65_536;
@@ -360,6 +367,16 @@ where
             let mut connection = pin!(connection);
             let mut asked_to_close = false;
             let mut lame_duck_seen = false;
+            // When the drain reaches this connection: at once if it has
+            // served a request, else after its first one or the grace.
+            let drain_reached = async {
+                shutdown.draining().await;
+                tokio::select! {
+                    () = conn.first_request.cancelled() => {}
+                    () = tokio::time::sleep(FIRST_REQUEST_GRACE) => {}
+                }
+            };
+            let mut drain_reached = pin!(drain_reached);
             let closed_by = loop {
                 tokio::select! {
                     result = connection.as_mut() => {
@@ -385,7 +402,7 @@ where
                         connection.as_mut().graceful_shutdown();
                         asked_to_close = true;
                     }
-                    () = shutdown.draining(), if !asked_to_close => {
+                    () = &mut drain_reached, if !asked_to_close => {
                         connection.as_mut().graceful_shutdown();
                         asked_to_close = true;
                     }

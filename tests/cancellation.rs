@@ -1,0 +1,558 @@
+//! Request cancellation that cleans up, against real PostgreSQL (a throwaway
+//! cluster) and SQLite: a client that hangs up must leave no row, no open
+//! transaction and no discarded connection behind.
+
+mod support;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::service::Service as _;
+use hyper::Request;
+use lameduck::config::{Cli, Command, ServerConfig};
+use lameduck::lifecycle::{self, DrainConfig, LifecycleMetrics, Scoped, Shutdown};
+use lameduck::storage::{Storage, StoredLink};
+use lameduck::App;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use support::postgres::PgCluster;
+use tempfile::TempDir;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+fn server_config(database_url: Option<&str>, data_dir: &TempDir, pool: u32) -> ServerConfig {
+    let mut argv = vec![
+        "lameduck".to_owned(),
+        "server".to_owned(),
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--data-dir".to_owned(),
+        data_dir.path().display().to_string(),
+        "--database-max-connections".to_owned(),
+        pool.to_string(),
+    ];
+    if let Some(url) = database_url {
+        argv.extend(["--database-url".to_owned(), url.to_owned()]);
+    }
+    match Cli::try_parse_from(argv).expect("valid arguments").command {
+        Command::Server(config) => config,
+        Command::Healthcheck(_) => unreachable!("server subcommand"),
+    }
+}
+
+async fn admin_pool(cluster: &PgCluster) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(3)
+        .connect(&cluster.url())
+        .await
+        .expect("admin connection")
+}
+
+/// Backends of the service's main pool, by state.
+async fn app_backends(admin: &PgPool) -> Vec<(i32, String, Option<String>)> {
+    sqlx::query_as(
+        "SELECT pid, coalesce(state, ''), wait_event_type FROM pg_stat_activity \
+         WHERE application_name = 'lameduck' ORDER BY pid",
+    )
+    .fetch_all(admin)
+    .await
+    .expect("pg_stat_activity")
+}
+
+async fn rows_for(admin: &PgPool, code: &str) -> (i64, i64) {
+    let links: i64 = sqlx::query_scalar("SELECT count(*) FROM links WHERE code = $1")
+        .bind(code)
+        .fetch_one(admin)
+        .await
+        .expect("links");
+    let audits: i64 = sqlx::query_scalar("SELECT count(*) FROM link_audit WHERE code = $1")
+        .bind(code)
+        .fetch_one(admin)
+        .await
+        .expect("audit");
+    (links, audits)
+}
+
+/// Polls `check` every 10 ms until it holds or `within` passes; returns how
+/// long it took.
+async fn eventually<F, Fut>(within: Duration, mut check: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if check().await {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+async fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut body = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut body)
+        .await
+        .expect("read");
+    let body = String::from_utf8_lossy(&body);
+    body.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing in:\n{body}"))
+}
+
+/// What one "client leaves while the insert waits on a lock" run observed.
+#[derive(Debug)]
+struct LockedInsert {
+    /// How soon after the hang-up the app's backend stopped waiting on the
+    /// lock; `None` if it still waited a second later.
+    released_after: Option<Duration>,
+    /// The app's backend was seen idle inside a transaction afterwards.
+    idle_in_transaction: bool,
+    /// (links, audit rows) written for the code, after the lock is released.
+    rows: (i64, i64),
+    /// Same backend PIDs before and after: the connection was reused.
+    same_backends: bool,
+}
+
+/// Holds `ACCESS EXCLUSIVE` on `links`, sends `POST path` for `code`, waits
+/// until the app's statement blocks on the lock, hangs up, and watches.
+async fn insert_blocked_then_client_leaves(
+    admin: &PgPool,
+    addr: SocketAddr,
+    path: &str,
+    code: &str,
+) -> LockedInsert {
+    let before: Vec<i32> = app_backends(admin).await.iter().map(|b| b.0).collect();
+    assert_eq!(before.len(), 1, "pool of one, already connected");
+
+    let mut lock = admin.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE links IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+
+    let body = format!(r#"{{"url":"https://example.com/{code}","code":"{code}"}}"#);
+    let mut client = TcpStream::connect(addr).await.expect("connect");
+    client
+        .write_all(
+            format!(
+                "POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("send");
+    let blocked = eventually(Duration::from_secs(10), || async {
+        app_backends(admin)
+            .await
+            .iter()
+            .any(|(_, state, wait)| state == "active" && wait.as_deref() == Some("Lock"))
+    })
+    .await;
+    assert!(blocked.is_some(), "the insert never blocked on the lock");
+
+    drop(client);
+    let released_after = eventually(Duration::from_secs(1), || async {
+        !app_backends(admin)
+            .await
+            .iter()
+            .any(|(_, _, wait)| wait.as_deref() == Some("Lock"))
+    })
+    .await;
+    // Give the rollback a moment to land, then look for a leaked transaction.
+    let settled = eventually(Duration::from_secs(2), || async {
+        app_backends(admin)
+            .await
+            .iter()
+            .all(|(_, state, _)| state == "idle")
+    })
+    .await;
+    let idle_in_transaction = app_backends(admin)
+        .await
+        .iter()
+        .any(|(_, state, _)| state.starts_with("idle in transaction"));
+
+    lock.rollback().await.expect("release the lock");
+    // Whatever the app does once the lock is gone has a moment to happen.
+    let _ = eventually(Duration::from_secs(2), || async {
+        app_backends(admin)
+            .await
+            .iter()
+            .all(|(_, state, _)| state == "idle")
+    })
+    .await;
+    let after: Vec<i32> = app_backends(admin).await.iter().map(|b| b.0).collect();
+    LockedInsert {
+        released_after,
+        idle_in_transaction: idle_in_transaction || settled.is_none(),
+        rows: rows_for(admin, code).await,
+        same_backends: before == after,
+    }
+}
+
+async fn create_via_http(addr: SocketAddr, code: &str) -> u16 {
+    let body = format!(r#"{{"url":"https://example.com/{code}","code":"{code}"}}"#);
+    let mut client = TcpStream::connect(addr).await.expect("connect");
+    client
+        .write_all(
+            format!(
+                "POST /api/links HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("send");
+    let mut answer = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut client, &mut answer)
+        .await
+        .expect("read");
+    String::from_utf8_lossy(&answer)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|status| status.parse().ok())
+        .expect("status line")
+}
+
+// The seed's promise (sqlx #2054 territory): a client that hangs up while
+// its INSERT waits on a lock gets the statement cancelled inside PostgreSQL
+// at once, the transaction rolled back, and the same connection reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_a_blocked_insert_cancels_it_and_returns_the_connection_clean() {
+    let cluster = PgCluster::start();
+    let data = TempDir::new().expect("tempdir");
+    let shutdown = Shutdown::new(LifecycleMetrics::default());
+    let app = App::build(
+        server_config(Some(&cluster.url()), &data, 1),
+        shutdown.clone(),
+    )
+    .await
+    .expect("app");
+    let addr = app.local_addr();
+    let serving = tokio::spawn(app.run());
+    let admin = admin_pool(&cluster).await;
+    assert_eq!(create_via_http(addr, "warmup").await, 201);
+
+    let seen = insert_blocked_then_client_leaves(&admin, addr, "/api/links", "blocked").await;
+
+    let released = seen
+        .released_after
+        .expect("blocked statement still waiting 1 s after the client left");
+    assert!(released < Duration::from_secs(1), "{released:?}");
+    assert!(!seen.idle_in_transaction, "{seen:?}");
+    assert_eq!(seen.rows, (0, 0), "no link and no audit row");
+    assert!(
+        seen.same_backends,
+        "the connection was reconnected, not reused"
+    );
+    assert_eq!(
+        metric(addr, "lameduck_db_connections_discarded_total").await,
+        0.0
+    );
+    assert_eq!(
+        metric(
+            addr,
+            "lameduck_db_connections_in_transaction_at_release_total"
+        )
+        .await,
+        0.0
+    );
+    assert_eq!(
+        metric(addr, "lameduck_db_rollbacks_on_cancel_total").await,
+        1.0
+    );
+    assert_eq!(
+        metric(addr, "lameduck_db_statements_cancelled_total").await,
+        1.0
+    );
+    assert_eq!(metric(addr, "lameduck_requests_aborted_total").await, 1.0);
+    // And the pool of one still serves.
+    assert_eq!(create_via_http(addr, "after").await, 201);
+
+    shutdown.trigger("test over");
+    serving.await.expect("serve");
+}
+
+/// The same insert, written the way most handlers are: the database work
+/// runs inside the request future, which hyper drops when the client leaves.
+async fn unguarded_create(
+    State(storage): State<Storage>,
+    Json(body): Json<serde_json::Value>,
+) -> StatusCode {
+    let link = StoredLink {
+        code: body["code"].as_str().unwrap_or_default().to_owned(),
+        url: body["url"].as_str().unwrap_or_default().to_owned(),
+        hits: 0,
+        created_at: "2026-01-01T00:00:00Z".to_owned(),
+    };
+    match storage.insert_link(&link, &CancellationToken::new()).await {
+        Ok(()) => StatusCode::CREATED,
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+// Shows the previous test can fail: without the drop guard and the tracked
+// task, the statement keeps waiting on the lock after the client has gone,
+// holding the pool's only connection inside a transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_guard_the_same_scenario_leaves_the_bad_state_the_test_detects() {
+    let cluster = PgCluster::start();
+    let data = TempDir::new().expect("tempdir");
+    let shutdown = Shutdown::new(LifecycleMetrics::default());
+    let app = App::build(
+        server_config(Some(&cluster.url()), &data, 1),
+        shutdown.clone(),
+    )
+    .await
+    .expect("app");
+    let parts = app.into_parts();
+    let addr = parts.listener.local_addr().expect("addr");
+    let router = Router::new()
+        .route("/unguarded", post(unguarded_create))
+        .with_state(parts.storage.clone())
+        .merge(parts.router);
+    let config = DrainConfig {
+        drain_delay: Duration::ZERO,
+        shutdown_timeout: Duration::from_secs(5),
+    };
+    let serving = tokio::spawn(lifecycle::serve(
+        parts.listener,
+        router,
+        shutdown.clone(),
+        config,
+    ));
+    let admin = admin_pool(&cluster).await;
+    assert_eq!(create_via_http(addr, "warmup").await, 201);
+
+    let seen = insert_blocked_then_client_leaves(&admin, addr, "/unguarded", "unguarded").await;
+
+    assert_eq!(seen.released_after, None, "{seen:?}");
+    assert!(seen.idle_in_transaction, "{seen:?}");
+
+    shutdown.trigger("test over");
+    let _ = serving.await;
+}
+
+/// Counts how many polls `future` needs, waking between polls.
+async fn polls_to_complete<F: Future>(future: F) -> usize {
+    let mut task = tokio_test::task::spawn(future);
+    let mut polls = 0;
+    loop {
+        polls += 1;
+        if task.poll().is_ready() {
+            return polls;
+        }
+        wait_for_wake(&task).await;
+    }
+}
+
+async fn wait_for_wake<F>(task: &tokio_test::task::Spawn<F>) {
+    let woken = eventually(Duration::from_secs(10), || {
+        let woken = task.is_woken();
+        async move { woken }
+    })
+    .await;
+    assert!(woken.is_some(), "the future was never woken");
+}
+
+/// Polls `task` to completion, waking between polls.
+async fn finish<F: Future>(task: &mut tokio_test::task::Spawn<F>) -> F::Output {
+    loop {
+        if let Poll::Ready(output) = task.poll() {
+            return output;
+        }
+        wait_for_wake(task).await;
+    }
+}
+
+/// Polls `future` `k` times (waking between polls), then stops; returns
+/// its output instead if it finished first.
+async fn poll_times<F: Future>(
+    future: F,
+    k: usize,
+) -> Result<F::Output, tokio_test::task::Spawn<F>> {
+    let mut task = tokio_test::task::spawn(future);
+    for _ in 0..k {
+        if let Poll::Ready(output) = task.poll() {
+            return Ok(output);
+        }
+        wait_for_wake(&task).await;
+    }
+    Err(task)
+}
+
+fn link(code: &str) -> StoredLink {
+    StoredLink {
+        code: code.to_owned(),
+        url: format!("https://example.com/{code}"),
+        hits: 0,
+        created_at: "2026-01-01T00:00:00Z".to_owned(),
+    }
+}
+
+/// Link and audit row counts for `code`, through the service's own pool.
+async fn storage_rows(storage: &Storage, code: &str) -> (i64, i64) {
+    let count = |table: &'static str| {
+        let sql = format!("SELECT count(*) AS n FROM {table} WHERE code = $1");
+        async move {
+            let row = sqlx::query(&sql)
+                .bind(code)
+                .fetch_one(storage.pool())
+                .await
+                .expect("count");
+            sqlx::Row::get::<i64, _>(&row, "n")
+        }
+    };
+    (count("links").await, count("link_audit").await)
+}
+
+/// Cancellation at every await point: the token fires after the insert
+/// was polled k times, for every k up to a full run; after each, the pool of
+/// one is clean — the next transaction works and nothing half-written stays.
+async fn cancel_at_every_await_point(database_url: Option<&str>, admin: Option<&PgPool>) {
+    let data = TempDir::new().expect("tempdir");
+    let shutdown = Shutdown::new(LifecycleMetrics::default());
+    let app = App::build(server_config(database_url, &data, 1), shutdown)
+        .await
+        .expect("app");
+    let storage = app.into_parts().storage;
+
+    let never = CancellationToken::new();
+    let full = polls_to_complete(storage.insert_link(&link("full"), &never)).await;
+    assert!(full >= 2, "a transaction takes several polls, got {full}");
+
+    for k in 0..=full {
+        let code = format!("cancel-{k}");
+        let token = CancellationToken::new();
+        let new = link(&code);
+        let result = match poll_times(storage.insert_link(&new, &token), k).await {
+            Ok(finished) => finished,
+            Err(mut task) => {
+                token.cancel();
+                // The work runs to its own clean end after the cancel, as it
+                // does on the lifecycle's tracked task.
+                finish(&mut task).await
+            }
+        };
+        let rows = storage_rows(&storage, &code).await;
+        match result {
+            Ok(()) => assert_eq!(rows, (1, 1), "k={k}: committed before the cancel"),
+            Err(_) => assert_eq!(rows, (0, 0), "k={k}: rolled back"),
+        }
+        if let Some(admin) = admin {
+            let leaked = app_backends(admin)
+                .await
+                .into_iter()
+                .filter(|(_, state, _)| state.starts_with("idle in transaction"))
+                .count();
+            assert_eq!(leaked, 0, "k={k}: a session idle in transaction");
+        }
+        // The only connection is free and clean: a full transaction works.
+        storage
+            .insert_link(&link(&format!("next-{k}")), &never)
+            .await
+            .unwrap_or_else(|error| panic!("k={k}: next transaction failed: {error}"));
+    }
+    assert_eq!(storage.metrics().connections_discarded(), 0);
+    assert_eq!(
+        storage.metrics().connections_opened(),
+        1,
+        "reused, never reconnected"
+    );
+    storage.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_at_every_await_point_leaves_postgres_clean() {
+    let cluster = PgCluster::start();
+    let admin = admin_pool(&cluster).await;
+    cancel_at_every_await_point(Some(&cluster.url()), Some(&admin)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_at_every_await_point_leaves_sqlite_clean() {
+    cancel_at_every_await_point(None, None).await;
+}
+
+// The request-level half: hyper dropping the request future after k polls
+// (a client hang-up at any moment) fires the token through the drop guard;
+// the tracked task rolls back, and the next request on the pool of one works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_request_after_k_polls_rolls_back_and_the_next_request_succeeds() {
+    let cluster = PgCluster::start();
+    let admin = admin_pool(&cluster).await;
+    let data = TempDir::new().expect("tempdir");
+    let shutdown = Shutdown::new(LifecycleMetrics::default());
+    let app = App::build(
+        server_config(Some(&cluster.url()), &data, 1),
+        shutdown.clone(),
+    )
+    .await
+    .expect("app");
+    let parts = app.into_parts();
+    let service = Scoped::new(parts.router, shutdown.clone());
+    let create = |code: &str| {
+        Request::post("/api/links")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(format!(
+                r#"{{"url":"https://example.com/{code}","code":"{code}"}}"#
+            ))))
+            .expect("request")
+    };
+
+    let full = polls_to_complete(service.call(create("full"))).await;
+    for k in 0..=full {
+        let code = format!("drop-{k}");
+        drop(poll_times(service.call(create(&code)), k).await);
+        // Shutdown waits for the tracked cleanup; so does this check.
+        let tracker = shutdown.tracker();
+        tracker.close();
+        tokio::time::timeout(Duration::from_secs(10), tracker.wait())
+            .await
+            .expect("cleanup finished");
+        tracker.reopen();
+
+        let rows = rows_for(&admin, &code).await;
+        assert!(
+            rows == (0, 0) || rows == (1, 1),
+            "k={k}: half-written {rows:?}"
+        );
+        let idle_in_transaction = app_backends(&admin)
+            .await
+            .iter()
+            .any(|(_, state, _)| state.starts_with("idle in transaction"));
+        assert!(!idle_in_transaction, "k={k}");
+        let response = service
+            .call(create(&format!("after-{k}")))
+            .await
+            .expect("infallible");
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        assert_eq!(status, StatusCode::CREATED, "k={k}: {body:?}");
+    }
+    assert_eq!(parts.storage.metrics().connections_discarded(), 0);
+    assert_eq!(parts.storage.metrics().connections_opened(), 1);
+}

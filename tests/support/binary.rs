@@ -1,0 +1,544 @@
+//! The real `lameduck` binary as a child process, for the guarantees only a
+//! process shows: real signals, exit codes, the listener's life and the logs.
+//!
+//! [`LameduckProcess::start`] runs `lameduck server` on `127.0.0.1:0` with a
+//! fresh data directory, captures every line the child writes on stdout and
+//! stderr, and returns once the server logs its address. [`run`] is for
+//! invocations that end on their own (usage and startup errors). Dropping a
+//! process that still runs kills it with SIGKILL.
+//!
+//! The raw HTTP/1 helpers ([`connect`], [`get`], [`read_response`],
+//! [`wait_for_eof`]) work on blocking sockets with read and write timeouts,
+//! so that a test sees exactly what the server put on the wire
+//! (`Connection: close`, EOF) and never waits forever.
+//!
+//! Every wait here is bounded.
+
+// Each test binary uses a different part of this module, and `pub` here means
+// "for the tests", not "exported".
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tempfile::TempDir;
+
+/// The binary under test, built by Cargo for the integration tests.
+pub const BINARY: &str = env!("CARGO_BIN_EXE_lameduck");
+
+/// How long [`LameduckProcess::start`] waits for the `listening on` line
+/// (the child opens its database and runs migrations first).
+pub const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Read and write timeout of the sockets [`connect`] opens: the longest a
+/// single raw HTTP exchange may stall before the test fails.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the `wait_*` loops poll the child.
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// What the server logs once it listens, followed by its address.
+const LISTENING: &str = "listening on http://";
+
+/// Which pipe a captured line came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    /// The child's stdout (where its logs go).
+    Stdout,
+    /// The child's stderr (usage errors).
+    Stderr,
+}
+
+/// Lines captured from the child, in arrival order, shared with the reader
+/// threads; `grew` is notified on every new line and when a pipe closes.
+#[derive(Default)]
+struct Captured {
+    lines: Mutex<Vec<(Stream, String)>>,
+    grew: Condvar,
+}
+
+impl Captured {
+    fn lock(&self) -> MutexGuard<'_, Vec<(Stream, String)>> {
+        // A reader thread cannot panic while holding the lock; recover anyway.
+        self.lines
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn all(&self) -> Vec<String> {
+        self.lock().iter().map(|(_, line)| line.clone()).collect()
+    }
+
+    fn of(&self, stream: Stream) -> Vec<String> {
+        self.lock()
+            .iter()
+            .filter(|(from, _)| *from == stream)
+            .map(|(_, line)| line.clone())
+            .collect()
+    }
+
+    /// Waits until a line contains `needle`; returns that line.
+    fn wait_for(&self, needle: &str, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        let mut lines = self.lock();
+        loop {
+            if let Some((_, line)) = lines.iter().find(|(_, line)| line.contains(needle)) {
+                return Some(line.clone());
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            // Wake up now and then even without news, so the deadline holds.
+            let wait = left.min(Duration::from_millis(100));
+            lines = self
+                .grew
+                .wait_timeout(lines, wait)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// A running `lameduck server`.
+pub struct LameduckProcess {
+    child: Child,
+    addr: SocketAddr,
+    captured: Arc<Captured>,
+    /// The `--data-dir` (SQLite database); removed on drop, after the child.
+    _data_dir: TempDir,
+}
+
+impl LameduckProcess {
+    /// Runs `lameduck server ARGS` with `ENVS` and waits until it listens.
+    ///
+    /// Adds `--listen 127.0.0.1:0` and `--data-dir <fresh temporary
+    /// directory>` unless `args` (or `envs`, for the listen address) set
+    /// them. The child gets `RUST_LOG=info` unless `envs` sets it, and none
+    /// of the test's own `LAMEDUCK_*` or `DATABASE_URL` variables.
+    ///
+    /// # Panics
+    /// With everything the child wrote, if it does not log `listening on
+    /// http://ADDR` within [`START_TIMEOUT`].
+    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> LameduckProcess {
+        let (mut child, captured, data_dir) = spawn(args, envs);
+        let deadline = Instant::now() + START_TIMEOUT;
+        let addr = loop {
+            let line = captured.wait_for(LISTENING, Duration::from_millis(100));
+            if let Some(line) = line {
+                break parse_listening(&line);
+            }
+            if Instant::now() > deadline || !matches!(child.try_wait(), Ok(None)) {
+                break None;
+            }
+        };
+        let Some(addr) = addr else {
+            let _ = child.kill();
+            let status = child.wait();
+            panic!(
+                "lameduck did not log `{LISTENING}ADDR` within {START_TIMEOUT:?} \
+                 (exit: {status:?}); it wrote:\n{}",
+                captured.all().join("\n")
+            );
+        };
+        LameduckProcess {
+            child,
+            addr,
+            captured,
+            _data_dir: data_dir,
+        }
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.id()).expect("a pid fits in i32"))
+    }
+
+    /// Sends `signal` to the child.
+    ///
+    /// # Panics
+    /// If the child has already been reaped (its pid may belong to another
+    /// process by now), or if the signal cannot be sent.
+    pub fn signal(&mut self, signal: Signal) {
+        // Until `try_wait` reaps it, the pid stays ours, even as a zombie.
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "cannot send {signal}: lameduck already exited ({status}); logs:\n{}",
+                self.log_text()
+            );
+        }
+        kill(self.pid(), signal)
+            .unwrap_or_else(|e| panic!("cannot send {signal} to lameduck: {e}"));
+    }
+
+    /// Waits up to `timeout` for the child to exit; `None` if it still runs.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        wait_child(&mut self.child, timeout)
+    }
+
+    /// Whether the child is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Every line the child wrote so far, stdout and stderr, in order.
+    pub fn logs(&self) -> Vec<String> {
+        self.captured.all()
+    }
+
+    /// The child's logs as one string, for assertion messages.
+    pub fn log_text(&self) -> String {
+        self.logs().join("\n")
+    }
+
+    /// Waits up to `timeout` until a line contains `needle`.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        self.captured.wait_for(needle, timeout).is_some()
+    }
+
+    /// Whether a line captured so far contains `needle`.
+    pub fn has_logged(&self, needle: &str) -> bool {
+        self.captured.wait_for(needle, Duration::ZERO).is_some()
+    }
+
+    /// The first line containing `needle`, parsed as JSON (for
+    /// `--log-format json`).
+    pub fn json_log(&self, needle: &str) -> Option<serde_json::Value> {
+        let line = self.captured.wait_for(needle, Duration::ZERO)?;
+        serde_json::from_str(&line).ok()
+    }
+}
+
+impl Drop for LameduckProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// How a [`run`] ended.
+#[derive(Debug)]
+pub struct Finished {
+    /// The exit status.
+    pub status: ExitStatus,
+    /// Lines written on stdout.
+    pub stdout: Vec<String>,
+    /// Lines written on stderr.
+    pub stderr: Vec<String>,
+}
+
+impl Finished {
+    /// Both streams, for assertion messages and searches.
+    pub fn output(&self) -> String {
+        let mut all = self.stdout.clone();
+        all.extend(self.stderr.iter().cloned());
+        all.join("\n")
+    }
+}
+
+/// Runs `lameduck server ARGS` (with the defaults of
+/// [`LameduckProcess::start`]) for a run expected to end on its own, and
+/// returns how it ended.
+///
+/// # Panics
+/// If it still runs after `timeout` (it is killed first).
+pub fn run(args: &[&str], envs: &[(&str, &str)], timeout: Duration) -> Finished {
+    let (mut child, captured, _data_dir) = spawn(args, envs);
+    let Some(status) = wait_child(&mut child, timeout) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "lameduck {args:?} did not exit within {timeout:?}; it wrote:\n{}",
+            captured.all().join("\n")
+        );
+    };
+    // The pipes close with the child; give the readers a moment to finish.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Arc::strong_count(&captured) > 1 && Instant::now() < deadline {
+        thread::sleep(POLL_INTERVAL);
+    }
+    Finished {
+        status,
+        stdout: captured.of(Stream::Stdout),
+        stderr: captured.of(Stream::Stderr),
+    }
+}
+
+fn spawn(args: &[&str], envs: &[(&str, &str)]) -> (Child, Arc<Captured>, TempDir) {
+    let data_dir = tempfile::Builder::new()
+        .prefix("lameduck-bin-")
+        .tempdir()
+        .unwrap_or_else(|e| panic!("cannot create a data directory: {e}"));
+    let mut command = Command::new(BINARY);
+    command.arg("server");
+    let sets_env = |name: &str| envs.iter().any(|(key, _)| *key == name);
+    if !args.contains(&"--listen") && !sets_env("LAMEDUCK_LISTEN") {
+        command.args(["--listen", "127.0.0.1:0"]);
+    }
+    if !args.contains(&"--data-dir") && !sets_env("LAMEDUCK_DATA_DIR") {
+        command.arg("--data-dir").arg(data_dir.path());
+    }
+    command.args(args);
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("LAMEDUCK_") || key == "DATABASE_URL" {
+            command.env_remove(&*key);
+        }
+    }
+    command
+        .env("RUST_LOG", "info")
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {BINARY}: {e}"));
+
+    let captured = Arc::new(Captured::default());
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    capture(stdout, Stream::Stdout, Arc::clone(&captured));
+    capture(stderr, Stream::Stderr, Arc::clone(&captured));
+    (child, captured, data_dir)
+}
+
+/// Copies `pipe` line by line into `captured` until the child closes it.
+fn capture(pipe: impl Read + Send + 'static, stream: Stream, captured: Arc<Captured>) {
+    thread::spawn(move || {
+        let mut reader = BufReader::new(pipe);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+                    captured.lock().push((stream, text));
+                    captured.grew.notify_all();
+                }
+            }
+        }
+        captured.grew.notify_all();
+    });
+}
+
+fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < deadline => thread::sleep(POLL_INTERVAL),
+            Ok(None) => return None,
+            Err(e) => panic!("cannot wait for lameduck: {e}"),
+        }
+    }
+}
+
+/// The address in a `listening on http://ADDR` line (text or JSON).
+fn parse_listening(line: &str) -> Option<SocketAddr> {
+    let rest = &line[line.find(LISTENING)? + LISTENING.len()..];
+    let end = rest
+        .find(|c: char| !(c.is_ascii_hexdigit() || matches!(c, '.' | ':' | '[' | ']')))
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+// === raw HTTP/1 ===
+
+/// A response as it came off the wire.
+#[derive(Debug)]
+pub struct RawResponse {
+    /// The status code.
+    pub status: u16,
+    /// Header names (lower-cased) and values, in order.
+    pub headers: Vec<(String, String)>,
+    /// The body, de-chunked.
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(key, _)| *key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// Whether the response carries `Connection: close`.
+    pub fn closes_connection(&self) -> bool {
+        self.header("connection")
+            .is_some_and(|value| value.eq_ignore_ascii_case("close"))
+    }
+
+    /// The body parsed as JSON.
+    ///
+    /// # Panics
+    /// If the body is not JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+}
+
+/// Opens a connection to `addr` with [`IO_TIMEOUT`] on reads and writes.
+///
+/// # Panics
+/// If the connection cannot be made.
+pub fn connect(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)
+        .unwrap_or_else(|e| panic!("cannot connect to {addr}: {e}"));
+    stream
+        .set_read_timeout(Some(IO_TIMEOUT))
+        .and_then(|()| stream.set_write_timeout(Some(IO_TIMEOUT)))
+        .and_then(|()| stream.set_nodelay(true))
+        .expect("socket options");
+    stream
+}
+
+/// Sends `GET path` (keep-alive) on `stream` and reads the response.
+///
+/// # Errors
+/// Any I/O error, including EOF before a complete response.
+pub fn get(stream: &mut TcpStream, path: &str) -> io::Result<RawResponse> {
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: lameduck\r\n\r\n")?;
+    read_response(stream)
+}
+
+/// Reads one complete response (head, then a `Content-Length` or chunked
+/// body, or a body up to EOF) from `stream`, reading no further.
+///
+/// # Errors
+/// Any I/O error, or `UnexpectedEof` if the server closed mid-response.
+pub fn read_response(stream: &mut impl Read) -> io::Result<RawResponse> {
+    let head = read_head(stream)?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| invalid(format!("bad status line {status_line:?}")))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(key, value)| (key.trim().to_ascii_lowercase(), value.trim().to_owned()))
+        .collect();
+    let mut response = RawResponse {
+        status,
+        headers,
+        body: Vec::new(),
+    };
+    if let Some(length) = response.header("content-length") {
+        let length = length
+            .parse()
+            .map_err(|_| invalid(format!("bad content-length {length:?}")))?;
+        response.body = vec![0; length];
+        stream.read_exact(&mut response.body)?;
+    } else if response
+        .header("transfer-encoding")
+        .is_some_and(|value| value.eq_ignore_ascii_case("chunked"))
+    {
+        response.body = read_chunked(stream)?;
+    } else if !(status == 204 || status == 304 || (100..200).contains(&status)) {
+        stream.read_to_end(&mut response.body)?;
+    }
+    Ok(response)
+}
+
+/// Waits up to `timeout` for the server to close `stream`: `Ok(true)` on EOF,
+/// `Ok(false)` if it stays open (or sends data instead).
+///
+/// # Errors
+/// Any other I/O error, such as a reset.
+pub fn wait_for_eof(stream: &mut TcpStream, timeout: Duration) -> io::Result<bool> {
+    stream.set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
+    let mut byte = [0; 1];
+    let result = match stream.read(&mut byte) {
+        Ok(0) => Ok(true),
+        Ok(_) => Ok(false),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    };
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    result
+}
+
+/// Reads up to and including the blank line that ends a response head.
+fn read_head(stream: &mut impl Read) -> io::Result<String> {
+    const MAX_HEAD: usize = 64 * 1024;
+    let mut head = Vec::new();
+    let mut byte = [0; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > MAX_HEAD {
+            return Err(invalid("response head too long".to_owned()));
+        }
+        if stream.read(&mut byte)? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "connection closed after {} bytes of response head",
+                    head.len()
+                ),
+            ));
+        }
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).map_err(|_| invalid("response head is not UTF-8".to_owned()))
+}
+
+fn read_chunked(stream: &mut impl Read) -> io::Result<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let size_line = read_line(stream)?;
+        let size = size_line.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size, 16)
+            .map_err(|_| invalid(format!("bad chunk size {size_line:?}")))?;
+        if size == 0 {
+            // Trailers, if any, end with an empty line.
+            while !read_line(stream)?.is_empty() {}
+            return Ok(body);
+        }
+        let start = body.len();
+        body.resize(start + size, 0);
+        stream.read_exact(&mut body[start..])?;
+        read_line(stream)?;
+    }
+}
+
+fn read_line(stream: &mut impl Read) -> io::Result<String> {
+    let mut line = Vec::new();
+    let mut byte = [0; 1];
+    while !line.ends_with(b"\r\n") {
+        stream.read_exact(&mut byte)?;
+        line.push(byte[0]);
+    }
+    line.truncate(line.len() - 2);
+    String::from_utf8(line).map_err(|_| invalid("chunk line is not UTF-8".to_owned()))
+}
+
+fn invalid(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message)
+}

@@ -12,12 +12,28 @@ use tokio::net::TcpListener;
 
 use crate::config::ServerConfig;
 use crate::http::{self, AppState, HttpMetrics, Startup};
-use crate::lifecycle::{self, DrainReport, Phase, Shutdown, LOG_TARGET};
+use crate::lifecycle::{self, DrainReport, Phase, Shutdown, StopReport, Workers, LOG_TARGET};
+use crate::links::hits::{self, HitCounter};
+use crate::links::spill::{self, ReplayError};
 use crate::storage::{Storage, StorageError, StorageMetrics};
+
+/// How long the hit flusher may take to stop after its token fires.
+pub const FLUSHER_STOP_BUDGET: Duration = Duration::from_secs(1);
+
+/// How long the final hit flush may retry the database before it spills the
+/// hits to disk (it keeps [`SPILL_RESERVE`](crate::links::hits::SPILL_RESERVE)
+/// of this for the spill).
+pub const FINAL_FLUSH_BUDGET: Duration = Duration::from_secs(5);
 
 /// How long closing the database pool may take at exit; a connection still
 /// held by abandoned work must not hold the process.
-pub const POOL_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+pub const POOL_CLOSE_BUDGET: Duration = Duration::from_secs(2);
+
+/// The whole finalize phase at its worst: stopping workers plus every
+/// finalizer's budget. Part of [`ServerConfig::shutdown_budget`].
+pub const FINALIZE_BUDGET: Duration = FLUSHER_STOP_BUDGET
+    .saturating_add(FINAL_FLUSH_BUDGET)
+    .saturating_add(POOL_CLOSE_BUDGET);
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +41,9 @@ pub enum StartupError {
     /// The database could not be opened or migrated.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// Hits spilled by an earlier run could not be applied.
+    #[error(transparent)]
+    Replay(#[from] ReplayError),
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}")]
     Bind {
@@ -36,29 +55,47 @@ pub enum StartupError {
     },
 }
 
-/// The pieces of a built [`App`].
+/// The pieces of a built [`App`], for serving its router with another loop.
 #[derive(Debug)]
 pub struct AppParts {
     /// The bound listener.
     pub listener: TcpListener,
     /// The full router.
     pub router: Router,
-    /// The open database; close it after serving.
+    /// The open database.
     pub storage: Storage,
+    /// The hit flusher and the finalizers; call [`Workers::stop`] after
+    /// serving, as [`App::run`] does.
+    pub workers: Workers,
 }
 
-/// A built service: database open, listener bound, router ready.
+/// How a run ended: the drain, then workers and finalizers.
+#[derive(Debug)]
+pub struct RunReport {
+    /// What the request drain did.
+    pub drain: DrainReport,
+    /// What stopping workers and running finalizers did.
+    pub stop: StopReport,
+    /// Hits written to a spill file instead of the database.
+    pub spilled_hits: u64,
+}
+
+/// A built service: database open, spilled state recovered, listener bound,
+/// workers running, router ready.
 #[derive(Debug)]
 pub struct App {
     listener: TcpListener,
     router: Router,
     shutdown: Shutdown,
     storage: Storage,
+    hits: HitCounter,
+    workers: Workers,
     config: ServerConfig,
 }
 
 impl App {
-    /// Opens the database, runs migrations and binds the listener.
+    /// Opens the database, runs migrations, applies hits spilled by an
+    /// earlier run, binds the listener and starts the workers.
     ///
     /// # Errors
     /// A [`StartupError`] naming what failed.
@@ -69,6 +106,8 @@ impl App {
         http_metrics.register(&mut registry);
         let storage_metrics = StorageMetrics::default();
         storage_metrics.register(&mut registry);
+        let hits = HitCounter::default();
+        hits.register(&mut registry);
 
         let storage = Storage::open(
             config.database_url.as_deref(),
@@ -77,6 +116,16 @@ impl App {
             storage_metrics,
         )
         .await?;
+        // Before readiness: the database must hold every hit from before.
+        let replayed = spill::replay(&config.data_dir, &storage).await?;
+        if replayed.files > 0 {
+            tracing::info!(
+                files = replayed.files,
+                hits = replayed.hits,
+                already_applied = replayed.already_applied,
+                "applied hits spilled by an earlier run"
+            );
+        }
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -85,6 +134,32 @@ impl App {
                     source,
                 })?;
 
+        let mut workers = Workers::new(shutdown.clone());
+        // Finalizers run last-registered first: the pool closes after the
+        // final flush has used it.
+        workers.on_shutdown("close database pool", POOL_CLOSE_BUDGET, {
+            let storage = storage.clone();
+            move || async move {
+                storage.close().await;
+                Ok(())
+            }
+        });
+        workers.spawn_critical("hit flusher", FLUSHER_STOP_BUDGET, {
+            let (hits, storage) = (hits.clone(), storage.clone());
+            let interval = config.flush_interval;
+            move |token| hits::run_flusher(hits, storage, interval, token)
+        });
+        workers.on_shutdown("final hit flush", FINAL_FLUSH_BUDGET, {
+            let (hits, storage) = (hits.clone(), storage.clone());
+            let data_dir = config.data_dir.clone();
+            move || async move {
+                let outcome =
+                    hits::final_flush(&hits, &storage, &data_dir, FINAL_FLUSH_BUDGET).await?;
+                tracing::info!(target: LOG_TARGET, ?outcome, "final hit flush");
+                Ok(())
+            }
+        });
+
         let startup = Startup::default();
         let router = http::router(AppState {
             shutdown: shutdown.clone(),
@@ -92,6 +167,7 @@ impl App {
             registry: Arc::new(registry),
             http_metrics,
             storage: storage.clone(),
+            hits: hits.clone(),
         });
         startup.complete();
         Ok(App {
@@ -99,6 +175,8 @@ impl App {
             router,
             shutdown,
             storage,
+            hits,
+            workers,
             config,
         })
     }
@@ -113,6 +191,12 @@ impl App {
             .expect("a bound listener has a local address")
     }
 
+    /// Registers more workers and finalizers before the app runs (finalizers
+    /// added here run before the app's own).
+    pub fn workers_mut(&mut self) -> &mut Workers {
+        &mut self.workers
+    }
+
     /// Takes the app apart, for serving its router with another server loop
     /// (the load harness's plain-axum baseline does this).
     pub fn into_parts(self) -> AppParts {
@@ -120,32 +204,30 @@ impl App {
             listener: self.listener,
             router: self.router,
             storage: self.storage,
+            workers: self.workers,
         }
     }
 
-    /// Serves until the shutdown handle is triggered, drains, then closes
-    /// the database pool.
-    pub async fn run(self) -> DrainReport {
+    /// Serves until the shutdown handle is triggered, drains, stops the
+    /// workers and runs the finalizers (the final flush, then closing the
+    /// pool).
+    pub async fn run(self) -> RunReport {
         let App {
             listener,
             router,
             shutdown,
-            storage,
+            storage: _,
+            hits,
+            workers,
             config,
         } = self;
-        let report = lifecycle::serve(listener, router, shutdown.clone(), config.drain()).await;
-
-        if !shutdown.is_forced() {
-            tokio::select! {
-                result = tokio::time::timeout(POOL_CLOSE_TIMEOUT, storage.close()) => {
-                    if result.is_err() {
-                        tracing::warn!(target: LOG_TARGET, timeout = ?POOL_CLOSE_TIMEOUT, "database pool did not close in time");
-                    }
-                }
-                () = shutdown.forced() => {}
-            }
-        }
+        let drain = lifecycle::serve(listener, router, shutdown.clone(), config.drain()).await;
+        let stop = workers.stop().await;
         shutdown.set_phase(Phase::Stopped);
-        report
+        RunReport {
+            drain,
+            stop,
+            spilled_hits: hits.spilled(),
+        }
     }
 }

@@ -62,6 +62,12 @@ pub struct ServerConfig {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
+    /// How often the write-behind hit counters are flushed to the database
+    /// (sooner when many hits are pending). At most this much is lost on
+    /// SIGKILL or power loss.
+    #[arg(long, env = "LAMEDUCK_FLUSH_INTERVAL", default_value = "1s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub flush_interval: Duration,
+
     /// Largest number of pooled database connections.
     #[arg(long, env = "LAMEDUCK_DATABASE_MAX_CONNECTIONS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub database_max_connections: u32,
@@ -77,11 +83,23 @@ impl ServerConfig {
     }
 
     /// The longest a clean-up can take from the first signal to exit:
-    /// lame duck + drain timeout + the deadline's cleanup grace. A
-    /// supervisor's grace period (Kubernetes' `terminationGracePeriodSeconds`)
-    /// must be longer, or it kills the process mid-drain.
+    /// lame duck + drain timeout + the deadline's cleanup grace + stopping
+    /// workers and running finalizers. A supervisor's grace period
+    /// (Kubernetes' `terminationGracePeriodSeconds`) must be longer, or it
+    /// kills the process mid-drain.
     pub fn shutdown_budget(&self) -> Duration {
-        self.drain_delay + self.shutdown_timeout + DEADLINE_CLEANUP_GRACE
+        self.drain_delay
+            + self.shutdown_timeout
+            + DEADLINE_CLEANUP_GRACE
+            + crate::app::FINALIZE_BUDGET
+    }
+}
+
+fn parse_positive_duration(value: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(value) {
+        Ok(duration) if duration.is_zero() => Err("must be greater than zero".to_owned()),
+        Ok(duration) => Ok(duration),
+        Err(error) => Err(error.to_string()),
     }
 }
 

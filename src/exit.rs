@@ -3,7 +3,8 @@
 
 use std::process::ExitCode;
 
-use crate::lifecycle::{DrainOutcome, DrainReport};
+use crate::app::RunReport;
+use crate::lifecycle::DrainOutcome;
 
 /// Every way the process can end, each with its own exit code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +21,13 @@ pub enum Exit {
     DeadlineExceeded = 3,
     /// A second signal forced the exit; whatever was running was abandoned.
     Forced = 4,
+    /// A critical worker failed and shut the process down.
+    WorkerFailed = 5,
+    /// The database was unavailable at the final flush: the hits are in a
+    /// spill file in the data directory, applied at the next start.
+    StateSpilled = 6,
+    /// A finalizer failed or overran its budget.
+    FinalizerFailed = 7,
 }
 
 impl Exit {
@@ -28,12 +36,17 @@ impl Exit {
         self as u8
     }
 
-    /// The exit a drain ending in `report` calls for.
-    pub fn from_drain(report: &DrainReport) -> Exit {
-        match report.outcome {
-            DrainOutcome::Clean => Exit::Clean,
-            DrainOutcome::DeadlineExceeded => Exit::DeadlineExceeded,
+    /// The exit a run ending in `report` calls for. When several apply,
+    /// the first of: forced, deadline exceeded, worker failed, finalizer
+    /// failed, state spilled.
+    pub fn from_run(report: &RunReport) -> Exit {
+        match report.drain.outcome {
             DrainOutcome::Forced => Exit::Forced,
+            DrainOutcome::DeadlineExceeded => Exit::DeadlineExceeded,
+            DrainOutcome::Clean if report.stop.worker_failed() => Exit::WorkerFailed,
+            DrainOutcome::Clean if report.stop.finalizer_failed() => Exit::FinalizerFailed,
+            DrainOutcome::Clean if report.spilled_hits > 0 => Exit::StateSpilled,
+            DrainOutcome::Clean => Exit::Clean,
         }
     }
 }

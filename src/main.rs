@@ -5,9 +5,10 @@ use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use clap::Parser;
+use lameduck::app::RunReport;
 use lameduck::config::{Cli, Command, ServerConfig};
 use lameduck::exit::Exit;
-use lameduck::lifecycle::{self, signal, LifecycleMetrics, Shutdown, LOG_TARGET};
+use lameduck::lifecycle::{signal, LifecycleMetrics, Shutdown, LOG_TARGET};
 use lameduck::{healthcheck, telemetry, App};
 
 fn main() -> ExitCode {
@@ -63,13 +64,14 @@ async fn server(config: ServerConfig) -> Exit {
         }
     };
     let report = app.run().await;
-    let exit = Exit::from_drain(&report);
+    let exit = Exit::from_run(&report);
     summarize(&report, exit);
     exit
 }
 
 /// The one summary line of the whole shutdown.
-fn summarize(report: &lifecycle::DrainReport, exit: Exit) {
+fn summarize(run: &RunReport, exit: Exit) {
+    let report = &run.drain;
     tracing::info!(
         target: LOG_TARGET,
         reason = report.reason.as_deref().unwrap_or("none"),
@@ -82,6 +84,8 @@ fn summarize(report: &lifecycle::DrainReport, exit: Exit) {
         connections_closed_by_client = report.closed_by_client,
         connections_closed_by_server = report.closed_by_server,
         connections_abandoned = report.connections_abandoned,
+        spilled_hits = run.spilled_hits,
+        stopped = %run.stop.summary(),
         exit_code = exit.code(),
         "shutdown complete"
     );

@@ -33,6 +33,11 @@ pub const APPLICATION_NAME: &str = "lameduck";
 /// The `application_name` of the side connection that cancels statements.
 pub const CANCELLER_APPLICATION_NAME: &str = "lameduck-canceller";
 
+/// How long applied batch ids are remembered. A spill file replayed later
+/// than this could count a batch twice; spills are replayed at the next
+/// start, so a week is ample.
+pub const BATCH_ID_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// Which database runs behind the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -373,16 +378,32 @@ impl Storage {
         .map_err(StorageError::from)
     }
 
-    /// Adds hits to links, all in one transaction: either every count lands
-    /// or none does.
+    /// Applies one batch of hit counts, exactly once: the batch id is
+    /// recorded in the same transaction, so applying a batch that already
+    /// landed (its commit unconfirmed, or replayed from a spill file) changes
+    /// nothing. Returns `false` for such a repeat. Batch ids older than
+    /// [`BATCH_ID_RETENTION`] are pruned on the way.
     ///
     /// # Errors
     /// The database error; nothing was written.
-    pub async fn add_hits(&self, hits: &[(String, u64)]) -> Result<(), StorageError> {
-        if hits.is_empty() {
-            return Ok(());
-        }
+    pub async fn apply_hits(
+        &self,
+        batch_id: &str,
+        hits: &[(String, u64)],
+    ) -> Result<bool, StorageError> {
+        let now = chrono::Utc::now();
         let mut tx = self.pool.begin_with(self.begin_statement()).await?;
+        let recorded = sqlx::query(
+            "INSERT INTO hit_batches (id, applied_at) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(batch_id)
+        .bind(rfc3339(now))
+        .execute(&mut *tx)
+        .await?;
+        if recorded.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
         for (code, count) in hits {
             let count = i64::try_from(*count).unwrap_or(i64::MAX);
             sqlx::query("UPDATE links SET hits = hits + $1 WHERE code = $2")
@@ -391,8 +412,25 @@ impl Storage {
                 .execute(&mut *tx)
                 .await?;
         }
+        let horizon = now - chrono::Duration::from_std(BATCH_ID_RETENTION).unwrap_or_default();
+        sqlx::query("DELETE FROM hit_batches WHERE applied_at < $1")
+            .bind(rfc3339(horizon))
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
-        Ok(())
+        Ok(true)
+    }
+
+    /// The sum of every link's persisted hits.
+    ///
+    /// # Errors
+    /// The database error.
+    pub async fn total_hits(&self) -> Result<i64, StorageError> {
+        Ok(
+            sqlx::query_scalar("SELECT CAST(COALESCE(SUM(hits), 0) AS BIGINT) FROM links")
+                .fetch_one(&self.pool)
+                .await?,
+        )
     }
 
     /// `true` if the database answers a trivial query.
@@ -493,6 +531,11 @@ fn pool_options(
                 Ok(clean)
             })
         })
+}
+
+/// A timestamp as stored: RFC 3339, UTC, milliseconds (sorts as text).
+pub fn rfc3339(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// `url` with `application_name` set to `name`, unless it sets one already.

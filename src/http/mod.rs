@@ -21,6 +21,7 @@ pub use metrics::HttpMetrics;
 
 use crate::lifecycle::Shutdown;
 use crate::links;
+use crate::links::hits::HitCounter;
 use crate::storage::Storage;
 
 /// Whether startup has finished its work (migrations, recovery); `/readyz`
@@ -53,6 +54,8 @@ pub struct AppState {
     pub http_metrics: HttpMetrics,
     /// The example's database.
     pub storage: Storage,
+    /// The example's write-behind hit counters.
+    pub hits: HitCounter,
 }
 
 /// The whole application router.

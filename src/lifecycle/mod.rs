@@ -19,8 +19,9 @@
 //! 5. **Deadline** — work still running at the shutdown timeout has its
 //!    cancellation token fired, gets [`DEADLINE_CLEANUP_GRACE`] to clean up,
 //!    and is then abandoned.
-//! 6. **Finalize** — the caller runs workers' and finalizers' shutdown (see
-//!    [`workers`]) and turns the [`DrainReport`] into an exit code.
+//! 6. **Finalize** — [`Workers::stop`] cancels background work, waits for
+//!    critical workers, and runs finalizers in reverse registration order,
+//!    each within its budget; the caller turns the reports into an exit code.
 //!
 //! A second signal at any point calls [`Shutdown::force`]: everything still
 //! running is abandoned at once.
@@ -30,6 +31,7 @@ mod request;
 mod serve;
 mod shutdown;
 pub mod signal;
+mod workers;
 
 pub use metrics::LifecycleMetrics;
 pub use request::{RequestScope, Scoped};
@@ -37,6 +39,7 @@ pub use serve::{
     serve, DrainConfig, DrainOutcome, DrainReport, ACCEPT_ERROR_BACKOFF, FIRST_REQUEST_GRACE,
 };
 pub use shutdown::{Phase, Shutdown};
+pub use workers::{BoxError, Outcome, StopReport, Stopped, Workers};
 
 use std::time::Duration;
 

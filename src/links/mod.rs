@@ -4,6 +4,8 @@
 //! a task tracked by the lifecycle ([`RequestScope::run`]), so a client that
 //! hangs up cancels it through its token instead of dropping it mid-query.
 
+pub mod hits;
+pub mod spill;
 pub mod validate;
 
 use axum::extract::rejection::JsonRejection;
@@ -18,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::http::{ApiError, AppState};
 use crate::lifecycle::RequestScope;
 use crate::storage::{Storage, StorageError, StoredLink};
+use hits::HitCounter;
 
 /// How many times a generated code is retried after a collision.
 const GENERATE_ATTEMPTS: usize = 5;
@@ -129,9 +132,13 @@ async fn create(
 
 async fn show(
     State(storage): State<Storage>,
+    State(hits): State<HitCounter>,
     Path(code): Path<String>,
 ) -> Result<Json<LinkInfo>, ApiError> {
-    let link = find(&storage, &code).await?;
+    let link = hits
+        .find_with_hits(&storage, &code)
+        .await?
+        .ok_or_else(|| not_found(&code))?;
     Ok(Json(LinkInfo {
         code: link.code,
         url: link.url,
@@ -140,22 +147,25 @@ async fn show(
     }))
 }
 
+/// The hot path: one lookup and an in-memory count; the write happens later,
+/// batched, in the flusher.
 async fn redirect(
     State(storage): State<Storage>,
+    State(hits): State<HitCounter>,
     Path(code): Path<String>,
 ) -> Result<Redirect, ApiError> {
-    let link = find(&storage, &code).await?;
-    storage.add_hits(&[(link.code, 1)]).await?;
+    let link = storage
+        .find_link(&code)
+        .await?
+        .ok_or_else(|| not_found(&code))?;
+    hits.record(&link.code);
     Ok(Redirect::temporary(&link.url))
 }
 
-async fn find(storage: &Storage, code: &str) -> Result<StoredLink, ApiError> {
-    storage
-        .find_link(code)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no link with code '{code}'")))
+fn not_found(code: &str) -> ApiError {
+    ApiError::NotFound(format!("no link with code '{code}'"))
 }
 
 fn now_rfc3339() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    crate::storage::rfc3339(chrono::Utc::now())
 }

@@ -1,0 +1,437 @@
+//! Background workers and finalizers, stopped in a defined order after the
+//! request drain: notify every worker, wait for the critical ones, then run
+//! the finalizers in reverse registration order, each within its budget.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::{Shutdown, LOG_TARGET};
+
+/// The error a worker or finalizer returns.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+type BoxFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
+
+/// How a worker or finalizer ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// It finished on its own terms.
+    Done,
+    /// It returned an error (logged once, where it happened).
+    Failed(String),
+    /// It panicked.
+    Panicked(String),
+    /// It overran its budget and was abandoned.
+    Abandoned,
+    /// It was not run: shutdown was forced first.
+    Skipped,
+}
+
+impl Outcome {
+    /// `true` for `Done`.
+    pub fn is_done(&self) -> bool {
+        *self == Outcome::Done
+    }
+
+    fn label(&self) -> &'static str {
+        match self {
+            Outcome::Done => "done",
+            Outcome::Failed(_) => "failed",
+            Outcome::Panicked(_) => "panicked",
+            Outcome::Abandoned => "abandoned",
+            Outcome::Skipped => "skipped",
+        }
+    }
+}
+
+/// One line of the stop report.
+#[derive(Clone, Debug)]
+pub struct Stopped {
+    /// The registered name.
+    pub name: &'static str,
+    /// `"worker"` or `"finalizer"`.
+    pub kind: &'static str,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// How long it took to stop (workers) or to run (finalizers).
+    pub took: Duration,
+}
+
+/// What stopping the workers and running the finalizers did.
+#[derive(Clone, Debug, Default)]
+pub struct StopReport {
+    /// Critical workers first, then finalizers in the order they ran.
+    pub stopped: Vec<Stopped>,
+}
+
+impl StopReport {
+    /// `true` if a critical worker failed or panicked, before or during
+    /// shutdown.
+    pub fn worker_failed(&self) -> bool {
+        self.stopped.iter().any(|s| {
+            s.kind == "worker" && matches!(s.outcome, Outcome::Failed(_) | Outcome::Panicked(_))
+        })
+    }
+
+    /// `true` if a finalizer failed, panicked or overran its budget.
+    pub fn finalizer_failed(&self) -> bool {
+        self.stopped.iter().any(|s| {
+            s.kind == "finalizer" && !matches!(s.outcome, Outcome::Done | Outcome::Skipped)
+        })
+    }
+
+    /// `name=outcome(ms)` for each entry, for the exit summary line.
+    pub fn summary(&self) -> String {
+        self.stopped
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}:{}={}({}ms)",
+                    s.kind,
+                    s.name,
+                    s.outcome.label(),
+                    s.took.as_millis()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+struct CriticalWorker {
+    name: &'static str,
+    budget: Duration,
+    handle: JoinHandle<Outcome>,
+}
+
+struct Finalizer {
+    name: &'static str,
+    budget: Duration,
+    run: Box<dyn FnOnce() -> BoxFuture + Send>,
+}
+
+/// The registry of background workers and finalizers.
+///
+/// - A *critical* worker is waited for at shutdown (up to its budget); if it
+///   fails or panics at any time, it starts a whole-process shutdown.
+/// - A *background* worker is cancelled as soon as the drain starts and is
+///   never waited for.
+/// - A *finalizer* runs once, after the drain and after the workers have
+///   stopped, in reverse registration order, within its own budget.
+pub struct Workers {
+    shutdown: Shutdown,
+    critical_token: CancellationToken,
+    background_token: CancellationToken,
+    critical: Vec<CriticalWorker>,
+    finalizers: Vec<Finalizer>,
+}
+
+impl std::fmt::Debug for Workers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workers")
+            .field(
+                "critical",
+                &self.critical.iter().map(|w| w.name).collect::<Vec<_>>(),
+            )
+            .field(
+                "finalizers",
+                &self.finalizers.iter().map(|f| f.name).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Workers {
+    /// An empty registry on `shutdown`'s timeline.
+    pub fn new(shutdown: Shutdown) -> Workers {
+        let background_token = CancellationToken::new();
+        // Background work is cut as soon as the drain begins.
+        tokio::spawn({
+            let shutdown = shutdown.clone();
+            let token = background_token.clone();
+            async move {
+                tokio::select! {
+                    () = shutdown.draining() => {}
+                    () = shutdown.forced() => {}
+                }
+                token.cancel();
+            }
+        });
+        Workers {
+            shutdown,
+            critical_token: CancellationToken::new(),
+            background_token,
+            critical: Vec::new(),
+            finalizers: Vec::new(),
+        }
+    }
+
+    /// Spawns a critical worker. Its token fires after the request drain;
+    /// it then has `budget` to return. An error or panic, at any time, is
+    /// logged once and starts a whole-process shutdown.
+    pub fn spawn_critical<F, Fut>(&mut self, name: &'static str, budget: Duration, work: F)
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        let work = work(self.critical_token.child_token());
+        let shutdown = self.shutdown.clone();
+        let handle = tokio::spawn(async move {
+            let outcome = run_caught(work).await;
+            if !outcome.is_done() {
+                error!(target: LOG_TARGET, worker = name, ?outcome, "critical worker failed; shutting down");
+                shutdown.trigger(format!("critical worker {name} failed"));
+            }
+            outcome
+        });
+        self.critical.push(CriticalWorker {
+            name,
+            budget,
+            handle,
+        });
+    }
+
+    /// Spawns a background worker: cancelled when the drain starts, never
+    /// waited for. Its failure is logged and nothing more.
+    pub fn spawn_background<F, Fut>(&mut self, name: &'static str, work: F)
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        let work = work(self.background_token.child_token());
+        tokio::spawn(async move {
+            let outcome = run_caught(work).await;
+            if !outcome.is_done() {
+                warn!(target: LOG_TARGET, worker = name, ?outcome, "background worker failed");
+            }
+        });
+    }
+
+    /// Registers a finalizer. Finalizers run after the drain and after the
+    /// workers stop, last registered first; one that overruns `budget` is
+    /// abandoned.
+    pub fn on_shutdown<F, Fut>(&mut self, name: &'static str, budget: Duration, finalize: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.finalizers.push(Finalizer {
+            name,
+            budget,
+            run: Box::new(move || Box::pin(finalize())),
+        });
+    }
+
+    /// The longest [`Workers::stop`] can take: the slowest critical worker's
+    /// budget plus every finalizer's.
+    pub fn budget(&self) -> Duration {
+        let workers = self
+            .critical
+            .iter()
+            .map(|w| w.budget)
+            .max()
+            .unwrap_or_default();
+        workers + self.finalizers.iter().map(|f| f.budget).sum::<Duration>()
+    }
+
+    /// Stops everything, in order: background workers are already cancelled;
+    /// critical workers are cancelled and waited for (each up to its budget);
+    /// then finalizers run in reverse registration order. A forced shutdown
+    /// skips whatever has not started.
+    pub async fn stop(self) -> StopReport {
+        let mut report = StopReport::default();
+        self.background_token.cancel();
+        self.critical_token.cancel();
+
+        let started = Instant::now();
+        for worker in self.critical {
+            let mut handle = worker.handle;
+            let outcome = tokio::select! {
+                joined = tokio::time::timeout_at(started + worker.budget, &mut handle) => match joined {
+                    Ok(Ok(outcome)) => outcome,
+                    Ok(Err(join_error)) => Outcome::Panicked(join_error.to_string()),
+                    Err(_elapsed) => {
+                        handle.abort();
+                        warn!(target: LOG_TARGET, worker = worker.name, budget = ?worker.budget, "worker did not stop within its budget; abandoned");
+                        Outcome::Abandoned
+                    }
+                },
+                () = self.shutdown.forced() => {
+                    handle.abort();
+                    Outcome::Abandoned
+                }
+            };
+            report.stopped.push(Stopped {
+                name: worker.name,
+                kind: "worker",
+                outcome,
+                took: started.elapsed(),
+            });
+        }
+
+        for finalizer in self.finalizers.into_iter().rev() {
+            let started = Instant::now();
+            let outcome = if self.shutdown.is_forced() {
+                Outcome::Skipped
+            } else {
+                let run = run_caught((finalizer.run)());
+                tokio::select! {
+                    finished = tokio::time::timeout(finalizer.budget, run) => finished.unwrap_or_else(|_elapsed| {
+                        warn!(target: LOG_TARGET, finalizer = finalizer.name, budget = ?finalizer.budget, "finalizer overran its budget; abandoned");
+                        Outcome::Abandoned
+                    }),
+                    () = self.shutdown.forced() => Outcome::Abandoned,
+                }
+            };
+            if let Outcome::Failed(error) | Outcome::Panicked(error) = &outcome {
+                error!(target: LOG_TARGET, finalizer = finalizer.name, %error, "finalizer failed");
+            }
+            info!(target: LOG_TARGET, finalizer = finalizer.name, outcome = outcome.label(), took = ?started.elapsed(), "finalizer finished");
+            report.stopped.push(Stopped {
+                name: finalizer.name,
+                kind: "finalizer",
+                outcome,
+                took: started.elapsed(),
+            });
+        }
+        report
+    }
+}
+
+/// Runs `work`, turning an error or a panic into an [`Outcome`].
+async fn run_caught<Fut>(work: Fut) -> Outcome
+where
+    Fut: Future<Output = Result<(), BoxError>>,
+{
+    match AssertUnwindSafe(work).catch_unwind().await {
+        Ok(Ok(())) => Outcome::Done,
+        Ok(Err(error)) => Outcome::Failed(error.to_string()),
+        Err(panic) => Outcome::Panicked(
+            panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic".to_owned()),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::lifecycle::LifecycleMetrics;
+
+    fn shutdown() -> Shutdown {
+        Shutdown::new(LifecycleMetrics::default())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn finalizers_run_in_reverse_registration_order() {
+        let mut workers = Workers::new(shutdown());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        for name in ["first", "second", "third"] {
+            let order = Arc::clone(&order);
+            workers.on_shutdown(name, Duration::from_secs(1), move || async move {
+                order.lock().expect("lock").push(name);
+                Ok(())
+            });
+        }
+        let report = workers.stop().await;
+        assert_eq!(*order.lock().expect("lock"), ["third", "second", "first"]);
+        assert!(!report.finalizer_failed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_overrunning_finalizer_is_abandoned_at_its_budget_and_the_rest_still_run() {
+        let mut workers = Workers::new(shutdown());
+        let ran = Arc::new(Mutex::new(false));
+        {
+            let ran = Arc::clone(&ran);
+            workers.on_shutdown(
+                "registered first, runs last",
+                Duration::from_secs(1),
+                move || async move {
+                    *ran.lock().expect("lock") = true;
+                    Ok(())
+                },
+            );
+        }
+        workers.on_shutdown("stuck", Duration::from_secs(2), || std::future::pending());
+        let started = Instant::now();
+        let report = workers.stop().await;
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+        assert_eq!(report.stopped[0].outcome, Outcome::Abandoned);
+        assert!(report.finalizer_failed());
+        assert!(*ran.lock().expect("lock"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_critical_worker_triggers_shutdown_and_is_reported() {
+        let shutdown = shutdown();
+        let mut workers = Workers::new(shutdown.clone());
+        workers.spawn_critical("doomed", Duration::from_secs(1), |_token| async {
+            Err::<(), BoxError>("disk on fire".into())
+        });
+        shutdown.triggered().await;
+        assert_eq!(shutdown.reason(), Some("critical worker doomed failed"));
+        let report = workers.stop().await;
+        assert!(report.worker_failed());
+        assert_eq!(
+            report.stopped[0].outcome,
+            Outcome::Failed("disk on fire".to_owned())
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_critical_worker_is_caught_and_triggers_shutdown() {
+        let shutdown = shutdown();
+        let mut workers = Workers::new(shutdown.clone());
+        workers.spawn_critical("panicky", Duration::from_secs(1), |_token| async {
+            panic!("boom");
+        });
+        shutdown.triggered().await;
+        let report = workers.stop().await;
+        assert_eq!(
+            report.stopped[0].outcome,
+            Outcome::Panicked("boom".to_owned())
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn critical_workers_are_waited_for_and_background_workers_are_not() {
+        let shutdown = shutdown();
+        let mut workers = Workers::new(shutdown.clone());
+        let cleaned = Arc::new(Mutex::new(false));
+        {
+            let cleaned = Arc::clone(&cleaned);
+            workers.spawn_critical(
+                "careful",
+                Duration::from_secs(10),
+                move |token| async move {
+                    token.cancelled().await;
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    *cleaned.lock().expect("lock") = true;
+                    Ok(())
+                },
+            );
+        }
+        // Ignores its token entirely: must not hold shutdown.
+        workers.spawn_background("careless", |_token| std::future::pending());
+        shutdown.trigger("test");
+        shutdown.start_draining();
+        let started = Instant::now();
+        let report = workers.stop().await;
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+        assert!(*cleaned.lock().expect("lock"));
+        assert_eq!(report.stopped.len(), 1);
+    }
+}

@@ -1,0 +1,494 @@
+//! Write-behind hit counters: redirects count in memory, a flusher worker
+//! writes the counts to the database in one batched transaction every flush
+//! interval, and the final flush at shutdown runs after the last in-flight
+//! redirect. If the database is down then, the counts are spilled to disk
+//! and applied at the next start.
+//!
+//! Exactly once: counts leave memory in batches with an id, and a batch
+//! stays in memory ("unconfirmed") until its commit is confirmed. The
+//! database records each applied id in the same transaction, so a batch
+//! whose commit went unconfirmed — or that was spilled — is never counted
+//! twice when it is applied again.
+//!
+//! The honest bound: after SIGKILL or power loss, the hits since the last
+//! flush (at most one flush interval's worth) are lost.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use rand::distr::{Alphanumeric, SampleString};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::spill;
+use crate::lifecycle::BoxError;
+use crate::storage::{Storage, StorageError, StoredLink};
+
+/// Shards of the in-memory counts: a redirect locks one shard for a map
+/// update, so concurrent redirects rarely contend and never on one lock.
+const SHARDS: usize = 32;
+
+/// How many pending hits wake the flusher before its interval is up.
+pub const FLUSH_THRESHOLD: i64 = 10_000;
+
+/// How much of the final flush's budget is kept for writing the spill file
+/// after the database attempts give up.
+pub const SPILL_RESERVE: Duration = Duration::from_millis(500);
+
+/// Hit counts that leave memory together and land in one transaction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    /// Recorded by the database with the counts; makes re-applying a no-op.
+    pub id: String,
+    /// Hits per link code.
+    pub hits: BTreeMap<String, u64>,
+}
+
+impl Batch {
+    fn new(hits: BTreeMap<String, u64>) -> Batch {
+        Batch {
+            id: Alphanumeric.sample_string(&mut rand::rng(), 20),
+            hits,
+        }
+    }
+
+    /// The hits in the batch.
+    pub fn total(&self) -> u64 {
+        self.hits.values().sum()
+    }
+
+    fn as_rows(&self) -> Vec<(String, u64)> {
+        self.hits
+            .iter()
+            .map(|(code, n)| (code.clone(), *n))
+            .collect()
+    }
+}
+
+/// How the final flush ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinalFlush {
+    /// Every pending hit is in the database.
+    Flushed {
+        /// Hits written by the final flush.
+        hits: u64,
+    },
+    /// The database could not take them: they are in a spill file.
+    Spilled {
+        /// Hits written to the file.
+        hits: u64,
+        /// The file.
+        path: std::path::PathBuf,
+    },
+}
+
+/// Series of the write-behind counters.
+#[derive(Clone, Debug)]
+struct HitMetrics {
+    pending: Gauge,
+    flush_batches: Counter,
+    flush_failures: Counter,
+    flush_seconds: Histogram,
+    flushed: Counter,
+    spills: Counter,
+    spilled: Counter,
+}
+
+impl Default for HitMetrics {
+    fn default() -> Self {
+        HitMetrics {
+            pending: Gauge::default(),
+            flush_batches: Counter::default(),
+            flush_failures: Counter::default(),
+            flush_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            flushed: Counter::default(),
+            spills: Counter::default(),
+            spilled: Counter::default(),
+        }
+    }
+}
+
+/// The in-memory hit counters. Cloning shares them.
+#[derive(Clone, Debug)]
+pub struct HitCounter {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shards: Box<[Mutex<HashMap<String, u64>>]>,
+    hasher: RandomState,
+    /// Batches taken out of the shards whose commit is not confirmed yet
+    /// (in flight, or failed), oldest first.
+    unconfirmed: Mutex<Vec<Batch>>,
+    /// Odd while counts move between memory and the database; readers that
+    /// see it change retry, so they never count a batch twice or not at all.
+    epoch: AtomicU64,
+    /// Woken when [`FLUSH_THRESHOLD`] hits are pending.
+    many_pending: Notify,
+    /// One flush at a time.
+    flush_lock: tokio::sync::Mutex<()>,
+    metrics: HitMetrics,
+}
+
+/// Marks a move of counts; the epoch is even again when it drops, even if
+/// the flush future was dropped half-way.
+struct MoveGuard<'a>(&'a AtomicU64);
+
+impl<'a> MoveGuard<'a> {
+    fn begin(epoch: &'a AtomicU64) -> MoveGuard<'a> {
+        epoch.fetch_add(1, Ordering::AcqRel);
+        MoveGuard(epoch)
+    }
+}
+
+impl Drop for MoveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Default for HitCounter {
+    fn default() -> Self {
+        HitCounter {
+            inner: Arc::new(Inner {
+                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                hasher: RandomState::new(),
+                unconfirmed: Mutex::default(),
+                epoch: AtomicU64::new(0),
+                many_pending: Notify::new(),
+                flush_lock: tokio::sync::Mutex::new(()),
+                metrics: HitMetrics::default(),
+            }),
+        }
+    }
+}
+
+impl HitCounter {
+    /// Registers the counters' series.
+    pub fn register(&self, registry: &mut Registry) {
+        let m = &self.inner.metrics;
+        registry.register(
+            "hits_pending",
+            "Hits counted in memory, not yet in the database",
+            m.pending.clone(),
+        );
+        registry.register(
+            "hit_flush_batches",
+            "Batches of hits committed",
+            m.flush_batches.clone(),
+        );
+        registry.register(
+            "hit_flush_failures",
+            "Flush attempts that failed (hits stay in memory)",
+            m.flush_failures.clone(),
+        );
+        registry.register(
+            "hit_flush_duration_seconds",
+            "Time to commit one batch",
+            m.flush_seconds.clone(),
+        );
+        registry.register(
+            "hits_flushed",
+            "Hits written to the database",
+            m.flushed.clone(),
+        );
+        registry.register(
+            "hit_spills",
+            "Spill files written because the database was down at shutdown",
+            m.spills.clone(),
+        );
+        registry.register(
+            "hits_spilled",
+            "Hits written to spill files",
+            m.spilled.clone(),
+        );
+    }
+
+    /// Counts one hit for `code`. Locks one shard of [`SHARDS`] briefly.
+    pub fn record(&self, code: &str) {
+        let inner = &*self.inner;
+        let shard = usize::try_from(inner.hasher.hash_one(code)).unwrap_or_default() % SHARDS;
+        {
+            let mut counts = lock(&inner.shards[shard]);
+            match counts.get_mut(code) {
+                Some(count) => *count += 1,
+                None => {
+                    counts.insert(code.to_owned(), 1);
+                }
+            }
+        }
+        if inner.metrics.pending.inc() + 1 == FLUSH_THRESHOLD {
+            inner.many_pending.notify_one();
+        }
+    }
+
+    /// Hits counted and not yet persisted, in total.
+    pub fn pending(&self) -> i64 {
+        self.inner.metrics.pending.get()
+    }
+
+    /// Hits spilled to disk by this process.
+    pub fn spilled(&self) -> u64 {
+        self.inner.metrics.spilled.get()
+    }
+
+    fn pending_for(&self, code: &str) -> u64 {
+        let inner = &*self.inner;
+        let shard = usize::try_from(inner.hasher.hash_one(code)).unwrap_or_default() % SHARDS;
+        let in_shard = lock(&inner.shards[shard]).get(code).copied().unwrap_or(0);
+        let unconfirmed: u64 = lock(&inner.unconfirmed)
+            .iter()
+            .filter_map(|batch| batch.hits.get(code))
+            .sum();
+        in_shard + unconfirmed
+    }
+
+    /// The link with its hits: persisted plus pending, counted exactly once
+    /// even while a flush moves counts into the database.
+    ///
+    /// # Errors
+    /// The database error.
+    pub async fn find_with_hits(
+        &self,
+        storage: &Storage,
+        code: &str,
+    ) -> Result<Option<StoredLink>, StorageError> {
+        let mut last = None;
+        for _ in 0..5 {
+            let before = self.inner.epoch.load(Ordering::Acquire);
+            let link = storage.find_link(code).await?;
+            let pending = self.pending_for(code);
+            let after = self.inner.epoch.load(Ordering::Acquire);
+            let with_pending = link.map(|mut link| {
+                link.hits += i64::try_from(pending).unwrap_or(i64::MAX);
+                link
+            });
+            if before == after && before % 2 == 0 {
+                return Ok(with_pending);
+            }
+            last = with_pending;
+            tokio::task::yield_now().await;
+        }
+        // A flush kept moving counts; this answer may be off by one batch.
+        Ok(last)
+    }
+
+    /// Takes everything out of the shards into a new unconfirmed batch.
+    fn seal(&self) {
+        let inner = &*self.inner;
+        let _moving = MoveGuard::begin(&inner.epoch);
+        let mut hits = BTreeMap::new();
+        for shard in inner.shards.iter() {
+            for (code, count) in lock(shard).drain() {
+                *hits.entry(code).or_insert(0) += count;
+            }
+        }
+        if !hits.is_empty() {
+            lock(&inner.unconfirmed).push(Batch::new(hits));
+        }
+    }
+
+    /// Writes every pending hit to the database, one transaction per batch.
+    /// On error the hits stay in memory, their batch id kept, and the next
+    /// flush retries them.
+    ///
+    /// # Errors
+    /// The database error of the first batch that failed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a batch whose commit was interrupted stays unconfirmed
+    /// with its id, and applying it again is a no-op if it had landed.
+    pub async fn flush(&self, storage: &Storage) -> Result<u64, StorageError> {
+        let inner = &*self.inner;
+        let _one_at_a_time = inner.flush_lock.lock().await;
+        self.seal();
+        let batches = lock(&inner.unconfirmed).clone();
+        let mut flushed = 0;
+        for batch in batches {
+            let started = Instant::now();
+            let moving = MoveGuard::begin(&inner.epoch);
+            match storage.apply_hits(&batch.id, &batch.as_rows()).await {
+                Ok(applied) => {
+                    lock(&inner.unconfirmed).retain(|b| b.id != batch.id);
+                    drop(moving);
+                    let total = batch.total();
+                    inner
+                        .metrics
+                        .pending
+                        .dec_by(i64::try_from(total).unwrap_or(i64::MAX));
+                    inner.metrics.flush_batches.inc();
+                    inner
+                        .metrics
+                        .flush_seconds
+                        .observe(started.elapsed().as_secs_f64());
+                    if applied {
+                        inner.metrics.flushed.inc_by(total);
+                    }
+                    flushed += total;
+                }
+                Err(error) => {
+                    inner.metrics.flush_failures.inc();
+                    return Err(error);
+                }
+            }
+        }
+        Ok(flushed)
+    }
+
+    /// Takes every pending hit out of memory, as batches, for a spill file.
+    fn take_all(&self) -> Vec<Batch> {
+        self.seal();
+        let inner = &*self.inner;
+        let _moving = MoveGuard::begin(&inner.epoch);
+        let batches = std::mem::take(&mut *lock(&inner.unconfirmed));
+        let total: u64 = batches.iter().map(Batch::total).sum();
+        inner
+            .metrics
+            .pending
+            .dec_by(i64::try_from(total).unwrap_or(i64::MAX));
+        batches
+    }
+
+    /// Resolves when many hits are pending.
+    async fn many_pending(&self) {
+        self.inner.many_pending.notified().await;
+    }
+}
+
+/// The flusher worker: flushes every `interval`, or sooner when
+/// [`FLUSH_THRESHOLD`] hits are pending, until `token` fires. A failed flush
+/// keeps the hits in memory for the next one; the worker itself never fails
+/// on a database outage.
+///
+/// # Errors
+/// None today; the signature lets a real failure stop the process.
+pub async fn run_flusher(
+    counter: HitCounter,
+    storage: Storage,
+    interval: Duration,
+    token: CancellationToken,
+) -> Result<(), BoxError> {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return Ok(()),
+            _ = ticker.tick() => {}
+            () = counter.many_pending() => ticker.reset(),
+        }
+        if let Err(error) = counter.flush(&storage).await {
+            tracing::warn!(%error, pending = counter.pending(), "hit flush failed; the hits stay in memory and are retried");
+        }
+    }
+}
+
+/// The final flush, run as a finalizer after the last in-flight redirect:
+/// retries with backoff until `budget` less [`SPILL_RESERVE`] is spent, then
+/// writes whatever is left to a spill file in `data_dir`.
+///
+/// # Errors
+/// If the spill file cannot be written either: those hits are lost, and
+/// the error says so.
+pub async fn final_flush(
+    counter: &HitCounter,
+    storage: &Storage,
+    data_dir: &Path,
+    budget: Duration,
+) -> Result<FinalFlush, BoxError> {
+    let deadline = Instant::now() + budget.saturating_sub(SPILL_RESERVE);
+    let mut backoff = Duration::from_millis(50);
+    let mut flushed = 0;
+    loop {
+        match tokio::time::timeout_at(deadline, counter.flush(storage)).await {
+            Ok(Ok(hits)) => {
+                flushed += hits;
+                if counter.pending() == 0 {
+                    return Ok(FinalFlush::Flushed { hits: flushed });
+                }
+            }
+            Ok(Err(error)) => tracing::warn!(%error, "final hit flush failed; retrying"),
+            Err(_elapsed) => break,
+        }
+        if Instant::now() + backoff >= deadline {
+            break;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+
+    let batches = counter.take_all();
+    let hits: u64 = batches.iter().map(Batch::total).sum();
+    if hits == 0 {
+        return Ok(FinalFlush::Flushed { hits: flushed });
+    }
+    let path = spill::write(data_dir, &batches).map_err(|error| {
+        format!("database unavailable and spill failed: {hits} hits lost: {error}")
+    })?;
+    counter.inner.metrics.spills.inc();
+    counter.inner.metrics.spilled.inc_by(hits);
+    tracing::warn!(hits, path = %path.display(), "database unavailable: hits spilled to disk; they are applied at the next start");
+    Ok(FinalFlush::Spilled { hits, path })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_hits_are_pending_per_code_until_taken() {
+        let counter = HitCounter::default();
+        for _ in 0..3 {
+            counter.record("abc");
+        }
+        counter.record("xyz");
+        assert_eq!(counter.pending(), 4);
+        assert_eq!(counter.pending_for("abc"), 3);
+
+        counter.seal();
+        // Sealed into a batch: still pending, still visible.
+        assert_eq!(counter.pending_for("abc"), 3);
+        counter.record("abc");
+        assert_eq!(counter.pending_for("abc"), 4);
+
+        let batches = counter.take_all();
+        assert_eq!(batches.len(), 2);
+        assert_eq!(batches.iter().map(Batch::total).sum::<u64>(), 5);
+        assert_eq!(counter.pending(), 0);
+        assert_eq!(counter.pending_for("abc"), 0);
+        assert_eq!(counter.inner.epoch.load(Ordering::Acquire) % 2, 0);
+    }
+
+    #[test]
+    fn concurrent_recording_loses_nothing() {
+        let counter = HitCounter::default();
+        std::thread::scope(|scope| {
+            for t in 0..8 {
+                let counter = counter.clone();
+                scope.spawn(move || {
+                    for i in 0..10_000 {
+                        counter.record(&format!("code{}", (i + t) % 17));
+                    }
+                });
+            }
+        });
+        let total: u64 = counter.take_all().iter().map(Batch::total).sum();
+        assert_eq!(total, 80_000);
+    }
+}

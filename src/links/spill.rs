@@ -1,0 +1,182 @@
+//! Spill files: hit counts the database could not take at shutdown, written
+//! durably to the data directory and applied exactly once at the next start.
+//!
+//! Durability: written to a temporary file, fsynced, renamed into place,
+//! then the directory is fsynced. Exactly once: every batch carries the id
+//! the database records with it, and a file is removed only after all its
+//! batches are committed, so a crash at any point during replay leaves
+//! either the file (re-applied as a no-op for batches that landed) or
+//! nothing to do.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::hits::Batch;
+use crate::storage::{Storage, StorageError};
+
+const SUFFIX: &str = ".spill.json";
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SpillFile {
+    version: u32,
+    batches: Vec<Batch>,
+}
+
+/// Errors while replaying spill files at startup.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// A spill file could not be read, parsed or removed.
+    #[error("spill file {path}")]
+    File {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The database refused a batch; the file stays for the next start.
+    #[error("replaying spill file {path}")]
+    Storage {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: StorageError,
+    },
+}
+
+/// What a replay did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// Spill files applied and removed.
+    pub files: usize,
+    /// Hits applied to the database now.
+    pub hits: u64,
+    /// Batches found already applied (a crash after commit, before removal).
+    pub already_applied: usize,
+}
+
+/// Writes `batches` to a new spill file in `dir`, durably.
+///
+/// # Errors
+/// The I/O error; no file is left half-written under the final name.
+pub fn write(dir: &Path, batches: &[Batch]) -> io::Result<PathBuf> {
+    fs::create_dir_all(dir)?;
+    let name = format!(
+        "hits-{}-{}{SUFFIX}",
+        chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ"),
+        std::process::id()
+    );
+    let path = dir.join(&name);
+    let temporary = dir.join(format!(".{name}.tmp"));
+    let body = serde_json::to_vec_pretty(&SpillFile {
+        version: 1,
+        batches: batches.to_vec(),
+    })
+    .map_err(io::Error::other)?;
+    let mut file = File::create(&temporary)?;
+    file.write_all(&body)?;
+    file.sync_all()?;
+    drop(file);
+    fs::rename(&temporary, &path)?;
+    File::open(dir)?.sync_all()?;
+    Ok(path)
+}
+
+/// Spill files waiting in `dir`, oldest first.
+///
+/// # Errors
+/// If `dir` exists but cannot be listed.
+pub fn pending(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(error) => return Err(error),
+    };
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if name.starts_with("hits-") && name.ends_with(SUFFIX) {
+            files.push(path);
+        } else if name.starts_with(".hits-") && name.ends_with(".tmp") {
+            // The process died while writing it: it was never renamed into
+            // place, so its hits were lost with the process (like SIGKILL).
+            tracing::warn!(path = %path.display(), "removing an incomplete spill file");
+            fs::remove_file(&path)?;
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Applies every spill file in `dir` to the database, exactly once, and
+/// removes each after its batches are committed.
+///
+/// # Errors
+/// A [`ReplayError`]; files not yet applied stay for the next start.
+pub async fn replay(dir: &Path, storage: &Storage) -> Result<Replayed, ReplayError> {
+    let file_error = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| ReplayError::File { path, source }
+    };
+    let mut replayed = Replayed::default();
+    for path in pending(dir).map_err(file_error(dir))? {
+        let bytes = fs::read(&path).map_err(file_error(&path))?;
+        let spill: SpillFile = serde_json::from_slice(&bytes).map_err(|error| {
+            file_error(&path)(io::Error::new(io::ErrorKind::InvalidData, error))
+        })?;
+        tracing::info!(path = %path.display(), batches = spill.batches.len(), "replaying spilled hits");
+        for batch in &spill.batches {
+            let rows: Vec<(String, u64)> =
+                batch.hits.iter().map(|(c, n)| (c.clone(), *n)).collect();
+            let applied = storage
+                .apply_hits(&batch.id, &rows)
+                .await
+                .map_err(|source| ReplayError::Storage {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+            if applied {
+                replayed.hits += batch.total();
+            } else {
+                replayed.already_applied += 1;
+            }
+        }
+        fs::remove_file(&path).map_err(file_error(&path))?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(file_error(dir))?;
+        replayed.files += 1;
+    }
+    Ok(replayed)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn written_spills_are_found_and_incomplete_ones_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let batch = Batch {
+            id: "b1".to_owned(),
+            hits: BTreeMap::from([("abc".to_owned(), 3)]),
+        };
+        let path = write(dir.path(), &[batch]).expect("write");
+        fs::write(dir.path().join(".hits-crashed.spill.json.tmp"), b"{").expect("tmp");
+        assert_eq!(pending(dir.path()).expect("list"), vec![path.clone()]);
+        assert!(!dir.path().join(".hits-crashed.spill.json.tmp").exists());
+        let spill: SpillFile =
+            serde_json::from_slice(&fs::read(&path).expect("read")).expect("parse");
+        assert_eq!(spill.batches[0].hits["abc"], 3);
+    }
+}

@@ -365,7 +365,7 @@ mod tests {
                 },
             );
         }
-        workers.on_shutdown("stuck", Duration::from_secs(2), || std::future::pending());
+        workers.on_shutdown("stuck", Duration::from_secs(2), std::future::pending);
         let started = Instant::now();
         let report = workers.stop().await;
         assert_eq!(started.elapsed(), Duration::from_secs(2));

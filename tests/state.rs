@@ -1,0 +1,431 @@
+//! State that is never lost: the write-behind hit counters against the real
+//! binary and real signals, on SQLite and on a throwaway PostgreSQL that the
+//! tests stop and start under the service.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command as Process, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use lameduck::config::{Cli, Command, ServerConfig};
+use lameduck::exit::Exit;
+use lameduck::lifecycle::{BoxError, LifecycleMetrics, Shutdown};
+use lameduck::links::hits::Batch;
+use lameduck::links::spill;
+use lameduck::App;
+use nix::sys::signal::Signal;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::SqlitePoolOptions;
+use support::binary::LameduckProcess;
+use support::postgres::PgCluster;
+use tempfile::TempDir;
+
+const CODES: usize = 10;
+const EXIT_WITHIN: Duration = Duration::from_secs(30);
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client")
+}
+
+async fn create_links(addr: SocketAddr) -> Vec<String> {
+    let client = client();
+    let mut codes = Vec::new();
+    for i in 0..CODES {
+        let code = format!("link-{i}");
+        let response = client
+            .post(format!("http://{addr}/api/links"))
+            .json(&serde_json::json!({ "url": format!("https://example.com/{i}"), "code": code }))
+            .send()
+            .await
+            .expect("create");
+        assert_eq!(response.status(), 201);
+        codes.push(code);
+    }
+    codes
+}
+
+/// Sends up to `total` redirects from `clients` concurrent keep-alive
+/// clients until the server stops answering; returns how many were answered
+/// 307. Calls `at_half` once, when half have been answered.
+async fn redirect_storm(
+    addr: SocketAddr,
+    codes: &[String],
+    clients: usize,
+    total: usize,
+    at_half: impl FnOnce() + Send + 'static,
+) -> u64 {
+    let answered = Arc::new(AtomicU64::new(0));
+    let at_half = Arc::new(std::sync::Mutex::new(Some(at_half)));
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (answered, at_half) = (Arc::clone(&answered), Arc::clone(&at_half));
+        let codes = codes.to_vec();
+        tasks.push(tokio::spawn(async move {
+            let client = client();
+            for i in 0..total / clients {
+                let code = &codes[(c + i) % codes.len()];
+                let Ok(response) = client.get(format!("http://{addr}/{code}")).send().await else {
+                    // Refused or reset: the server has stopped accepting.
+                    return;
+                };
+                assert_eq!(response.status(), 307, "every answer is a redirect");
+                let n = answered.fetch_add(1, Ordering::SeqCst) + 1;
+                if n == (total / 2) as u64 {
+                    if let Some(at_half) = at_half.lock().expect("lock").take() {
+                        at_half();
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("client task");
+    }
+    answered.load(Ordering::SeqCst)
+}
+
+async fn sqlite_total(data_dir: &Path) -> i64 {
+    let url = format!("sqlite://{}", data_dir.join("lameduck.db").display());
+    let pool = SqlitePoolOptions::new()
+        .connect(&url)
+        .await
+        .expect("open sqlite");
+    let total = sqlx::query_scalar("SELECT COALESCE(SUM(hits), 0) FROM links")
+        .fetch_one(&pool)
+        .await
+        .expect("sum");
+    pool.close().await;
+    total
+}
+
+async fn postgres_total(cluster: &PgCluster) -> i64 {
+    let pool = PgPoolOptions::new()
+        .connect(&cluster.url())
+        .await
+        .expect("connect");
+    let total = sqlx::query_scalar("SELECT CAST(COALESCE(SUM(hits), 0) AS BIGINT) FROM links")
+        .fetch_one(&pool)
+        .await
+        .expect("sum");
+    pool.close().await;
+    total
+}
+
+fn exit_code(server: &mut LameduckProcess) -> i32 {
+    let status = server
+        .wait_exit(EXIT_WITHIN)
+        .unwrap_or_else(|| panic!("still running; logs:\n{}", server.log_text()));
+    status
+        .code()
+        .unwrap_or_else(|| panic!("killed by a signal; logs:\n{}", server.log_text()))
+}
+
+fn sigterm_at_half(server: &LameduckProcess) -> impl FnOnce() + Send + 'static {
+    let pid = server.pid();
+    move || nix::sys::signal::kill(pid, Signal::SIGTERM).expect("SIGTERM")
+}
+
+/// 5,000 redirects, SIGTERM half-way while many are in flight: every
+/// redirect answered 307 is in the database after exit, and nothing more.
+async fn every_answered_redirect_is_stored(database_url: Option<&str>) -> (u64, TempDir) {
+    let data = TempDir::new().expect("tempdir");
+    let data_arg = data.path().display().to_string();
+    let mut args = vec!["--data-dir", data_arg.as_str()];
+    if let Some(url) = database_url {
+        args.extend(["--database-url", url]);
+    }
+    let mut server = LameduckProcess::start(&args, &[]);
+    let codes = create_links(server.addr()).await;
+    let answered = redirect_storm(server.addr(), &codes, 50, 5_000, sigterm_at_half(&server)).await;
+    assert_eq!(exit_code(&mut server), 0, "{}", server.log_text());
+    assert!(answered >= 2_500, "only {answered} answered");
+    (answered, data)
+}
+
+// The write-behind counter's promise on the default database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_redirect_answered_before_sigterm_is_counted_exactly_on_sqlite() {
+    let (answered, data) = every_answered_redirect_is_stored(None).await;
+    assert_eq!(sqlite_total(data.path()).await, answered as i64);
+}
+
+// The same promise on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_redirect_answered_before_sigterm_is_counted_exactly_on_postgres() {
+    let cluster = PgCluster::start();
+    let (answered, _data) = every_answered_redirect_is_stored(Some(&cluster.url())).await;
+    assert_eq!(postgres_total(&cluster).await, answered as i64);
+}
+
+/// Starts the server on `cluster` with hits held in memory (long flush
+/// interval), serves `redirects` redirects, stops PostgreSQL, then SIGTERM:
+/// the hits must be spilled. Returns the spill files.
+async fn spill_with_postgres_down(
+    cluster: &PgCluster,
+    data: &TempDir,
+    redirects: usize,
+) -> Vec<std::path::PathBuf> {
+    let data_arg = data.path().display().to_string();
+    let url = cluster.url();
+    let mut server = LameduckProcess::start(
+        &[
+            "--data-dir",
+            &data_arg,
+            "--database-url",
+            &url,
+            "--flush-interval",
+            "1h",
+        ],
+        &[],
+    );
+    let codes = create_links(server.addr()).await;
+    let client = client();
+    for i in 0..redirects {
+        let response = client
+            .get(format!(
+                "http://{}/{}",
+                server.addr(),
+                codes[i % codes.len()]
+            ))
+            .send()
+            .await
+            .expect("redirect");
+        assert_eq!(response.status(), 307);
+    }
+    cluster.stop();
+    server.signal(Signal::SIGTERM);
+    assert_eq!(
+        exit_code(&mut server),
+        i32::from(Exit::StateSpilled.code()),
+        "{}",
+        server.log_text()
+    );
+    assert!(
+        server.has_logged("hits spilled to disk"),
+        "{}",
+        server.log_text()
+    );
+    let files = spill::pending(data.path()).expect("list spills");
+    assert_eq!(files.len(), 1, "one spill file");
+    files
+}
+
+// The database is down at the final flush: the hits go to disk, the exit
+// code says so, and the next start applies them exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_down_at_shutdown_spills_and_the_next_start_applies_it_exactly_once() {
+    let cluster = PgCluster::start();
+    let data = TempDir::new().expect("tempdir");
+    spill_with_postgres_down(&cluster, &data, 300).await;
+
+    cluster.start_again();
+    let data_arg = data.path().display().to_string();
+    let url = cluster.url();
+    let args = [
+        "--data-dir",
+        data_arg.as_str(),
+        "--database-url",
+        url.as_str(),
+    ];
+    for run in 0..2 {
+        let mut server = LameduckProcess::start(&args, &[]);
+        // Ready means recovered: the replay happens before the listener.
+        let info: serde_json::Value = client()
+            .get(format!("http://{}/api/links/link-0", server.addr()))
+            .send()
+            .await
+            .expect("info")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(info["hits"], 30, "run {run}");
+        assert_eq!(postgres_total(&cluster).await, 300, "run {run}");
+        assert!(
+            spill::pending(data.path()).expect("list").is_empty(),
+            "spill removed"
+        );
+        server.signal(Signal::SIGTERM);
+        assert_eq!(exit_code(&mut server), 0);
+    }
+}
+
+// A crash in the middle of the replay (SIGKILL while its transaction waits
+// on a lock) must neither lose the spill nor count it twice later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_during_replay_still_ends_with_exact_totals() {
+    let cluster = PgCluster::start();
+    let data = TempDir::new().expect("tempdir");
+    spill_with_postgres_down(&cluster, &data, 200).await;
+    cluster.start_again();
+
+    let admin = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&cluster.url())
+        .await
+        .expect("admin");
+    let mut lock = admin.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE links IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+
+    let data_arg = data.path().display().to_string();
+    let url = cluster.url();
+    let mut replaying = Process::new(env!("CARGO_BIN_EXE_lameduck"))
+        .args([
+            "server",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &data_arg,
+            "--database-url",
+            &url,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let started = Instant::now();
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lameduck' AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&admin)
+        .await
+        .expect("activity");
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "replay never blocked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    replaying.kill().expect("SIGKILL mid-replay");
+    replaying.wait().expect("reap");
+    lock.rollback().await.expect("unlock");
+
+    assert_eq!(
+        spill::pending(data.path()).expect("list").len(),
+        1,
+        "spill kept"
+    );
+    let mut server =
+        LameduckProcess::start(&["--data-dir", &data_arg, "--database-url", &url], &[]);
+    assert_eq!(postgres_total(&cluster).await, 200);
+    assert!(spill::pending(data.path()).expect("list").is_empty());
+    server.signal(Signal::SIGTERM);
+    assert_eq!(exit_code(&mut server), 0);
+}
+
+fn server_config(data: &TempDir) -> ServerConfig {
+    let data_dir = data.path().display().to_string();
+    let argv = [
+        "lameduck",
+        "server",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &data_dir,
+    ];
+    match Cli::try_parse_from(argv).expect("arguments").command {
+        Command::Server(config) => config,
+        Command::Healthcheck(_) => unreachable!("server"),
+    }
+}
+
+// A spill file replayed after its batches already landed (a crash between
+// the commit and the file's removal) changes nothing.
+#[tokio::test]
+async fn replaying_a_spill_whose_batches_already_landed_counts_nothing_twice() {
+    let data = TempDir::new().expect("tempdir");
+    let app = App::build(
+        server_config(&data),
+        Shutdown::new(LifecycleMetrics::default()),
+    )
+    .await
+    .expect("app");
+    let storage = app.into_parts().storage;
+    let link = lameduck::storage::StoredLink {
+        code: "abc".to_owned(),
+        url: "https://example.com/".to_owned(),
+        hits: 0,
+        created_at: "2026-01-01T00:00:00.000Z".to_owned(),
+    };
+    storage
+        .insert_link(&link, &tokio_util::sync::CancellationToken::new())
+        .await
+        .expect("insert");
+    let batch = Batch {
+        id: "batch-1".to_owned(),
+        hits: BTreeMap::from([("abc".to_owned(), 7)]),
+    };
+    let path = spill::write(data.path(), std::slice::from_ref(&batch)).expect("spill");
+    let copy = std::fs::read(&path).expect("read");
+
+    let first = spill::replay(data.path(), &storage).await.expect("replay");
+    assert_eq!((first.files, first.hits, first.already_applied), (1, 7, 0));
+    std::fs::write(&path, copy).expect("put the file back, as if the removal never happened");
+    let second = spill::replay(data.path(), &storage)
+        .await
+        .expect("replay again");
+    assert_eq!(
+        (second.files, second.hits, second.already_applied),
+        (1, 0, 1)
+    );
+    assert_eq!(storage.total_hits().await.expect("total"), 7);
+}
+
+// A critical worker that fails takes the process down with its own exit
+// code, and the final flush still runs after the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_critical_worker_shuts_down_with_its_code_and_the_final_flush_still_runs() {
+    let data = TempDir::new().expect("tempdir");
+    let mut config = server_config(&data);
+    config.flush_interval = Duration::from_secs(3600);
+    let mut app = App::build(config, Shutdown::new(LifecycleMetrics::default()))
+        .await
+        .expect("app");
+    let (fail, failed) = tokio::sync::oneshot::channel::<()>();
+    app.workers_mut()
+        .spawn_critical("doomed", Duration::from_secs(1), |_token| async move {
+            let _ = failed.await;
+            Err::<(), BoxError>("the disk is on fire".into())
+        });
+    let addr = app.local_addr();
+    let running = tokio::spawn(app.run());
+
+    let codes = create_links(addr).await;
+    let client = client();
+    for code in &codes {
+        let response = client
+            .get(format!("http://{addr}/{code}"))
+            .send()
+            .await
+            .expect("redirect");
+        assert_eq!(response.status(), 307);
+    }
+    fail.send(()).expect("worker waiting");
+    let report = running.await.expect("run");
+    assert_eq!(Exit::from_run(&report), Exit::WorkerFailed);
+    assert_eq!(
+        report.drain.reason.as_deref(),
+        Some("critical worker doomed failed")
+    );
+    assert_eq!(
+        sqlite_total(data.path()).await,
+        CODES as i64,
+        "final flush ran"
+    );
+}

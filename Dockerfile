@@ -1,0 +1,73 @@
+# lameduck container image.
+#
+#   docker build -t lameduck .
+#   docker run -p 8080:8080 lameduck
+#
+# Two stages: a Rust build stage whose dependency layer is cached apart from
+# the project's own code, and a distroless runtime with nothing in it but the
+# binary, the C runtime it links against, and CA certificates; it runs as the
+# non-root user 65532.
+#
+# Works with the classic builder and with BuildKit alike: the dependency layer
+# is built from the manifests and empty stand-in sources, so it is rebuilt only
+# when Cargo.toml or Cargo.lock change (no RUN --mount cache, which the classic
+# builder refuses).
+#
+# Base images are arguments, e.g. for a Debian slim runtime:
+#   docker build --build-arg RUNTIME_IMAGE=debian:bookworm-slim .
+# With no registry reachable, scripts/docker-base-images.sh makes local
+# stand-ins under the default names.
+
+ARG RUST_IMAGE=rust:1.95-slim-bookworm
+ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
+
+# --- build --------------------------------------------------------------------
+FROM ${RUST_IMAGE} AS build
+WORKDIR /src
+ENV CARGO_TERM_COLOR=never \
+    CARGO_INCREMENTAL=0
+
+# 1. Dependencies only: the workspace's manifests and empty targets.
+COPY Cargo.toml Cargo.lock ./
+COPY load/Cargo.toml load/Cargo.toml
+RUN mkdir -p src load/src \
+    && printf '//! Stand-in.\nfn main() {}\n' > src/main.rs \
+    && printf '//! Stand-in.\n' > src/lib.rs \
+    && printf 'fn main() {}\n' > load/src/main.rs \
+    && cargo build --release --locked -p lameduck \
+    && rm -rf src target/release/.fingerprint/lameduck-* \
+        target/release/deps/lameduck-* target/release/deps/liblameduck-*
+
+# 2. The project itself (sqlx embeds migrations/ at compile time).
+COPY migrations migrations
+COPY src src
+# COPY keeps the files' times, which may be older than the stand-ins built
+# above: touch them so cargo cannot mistake them for already built.
+RUN find src migrations -type f -exec touch {} + \
+    && cargo build --release --locked -p lameduck --bin lameduck \
+    && install -D -m 0755 target/release/lameduck /out/lameduck \
+    && mkdir -p /out/data
+
+# --- runtime ------------------------------------------------------------------
+FROM ${RUNTIME_IMAGE}
+
+COPY --from=build /out/lameduck /usr/local/bin/lameduck
+# The SQLite database and spill files; owned by the user the server runs as.
+COPY --from=build --chown=65532:65532 /out/data /data
+
+ENV LAMEDUCK_LISTEN=0.0.0.0:8080 \
+    LAMEDUCK_DATA_DIR=/data
+USER 65532:65532
+WORKDIR /data
+VOLUME /data
+EXPOSE 8080
+
+# readyz: 200 while serving, 503 from the moment SIGTERM arrives.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
+    CMD ["/usr/local/bin/lameduck", "healthcheck"]
+
+# SIGTERM starts the graceful shutdown: readiness 503, lame-duck delay,
+# drain, exit 0. Exec form so that the signal reaches the server as PID 1.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["/usr/local/bin/lameduck"]
+CMD ["server"]

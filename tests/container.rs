@@ -1,0 +1,951 @@
+//! The container image, built from the real Dockerfile and run for real.
+//!
+//! 1. `scripts/docker-base-images.sh` makes local stand-ins for the base
+//!    images (no registry is reachable from the test machines), then the
+//!    unmodified Dockerfile is built; the image's size and build time are
+//!    printed.
+//! 2. One container: `/healthz` answers on the published port, Docker's
+//!    HEALTHCHECK (`lameduck healthcheck`) turns it healthy, it runs as a
+//!    non-root user, and `docker stop` in the middle of a slowly uploaded
+//!    POST lets that request finish with 201 and the container exit 0 well
+//!    inside Docker's 10 s stop timeout.
+//! 3. A rolling replacement: two app containers behind an HAProxy container
+//!    (health-checking `/readyz`) on a network of the test's own, constant
+//!    traffic from the test through the load balancer, and each app replaced
+//!    in turn (start the new one, wait until it is healthy, add it to the
+//!    load balancer, stop the old one): not one request may fail.
+//!
+//! Without a Docker engine both tests print one line and pass. Everything the
+//! tests create (containers with their anonymous volumes, the network, temp
+//! files) is removed again, also when a test fails; the images stay, so the
+//! next run reuses their layers. Traffic goes only to ports published on
+//! 127.0.0.1 and, between containers, within the test's network; every loop
+//! is bounded in count and time.
+
+use std::net::SocketAddr;
+use std::process::{Command as StdCommand, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::process::Command;
+use tokio::sync::OnceCell;
+
+/// The tag the test builds the Dockerfile under (re-used run after run).
+const IMAGE: &str = "lameduck:container-test";
+/// The Dockerfile's build stage, tagged to keep it cached between runs.
+const BUILD_STAGE_IMAGE: &str = "lameduck:container-test-build";
+/// The load balancer image `scripts/docker-base-images.sh haproxy` makes.
+const HAPROXY_IMAGE: &str = "lameduck-test/haproxy:bookworm";
+/// The port the image's server listens on (its `EXPOSE`).
+const APP_PORT: u16 = 8080;
+/// Docker's default `docker stop` timeout, after which it sends SIGKILL.
+const DOCKER_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+// --- docker ------------------------------------------------------------------
+
+/// Runs `docker ARGS`; its trimmed stdout, or a message with its stderr.
+async fn try_docker(args: &[&str]) -> Result<String, String> {
+    let output = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| format!("cannot run docker {}: {e}", args.join(" ")))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    } else {
+        Err(format!(
+            "docker {} failed ({}): {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+async fn docker(args: &[&str]) -> String {
+    try_docker(args).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Whether a Docker engine answers; prints the skip line (once) when not.
+async fn engine_available() -> bool {
+    static AVAILABLE: OnceCell<bool> = OnceCell::const_new();
+    *AVAILABLE
+        .get_or_init(|| async {
+            let info = Command::new("docker")
+                .args(["info", "--format", "{{.ServerVersion}}"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .status();
+            let answers = matches!(
+                tokio::time::timeout(Duration::from_secs(30), info).await,
+                Ok(Ok(status)) if status.success()
+            );
+            if !answers {
+                println!("docker engine not available: container tests skipped");
+            }
+            answers
+        })
+        .await
+}
+
+/// A name no other run's resources have.
+fn unique(label: &str) -> String {
+    format!("lameduck-test-{}-{label}", std::process::id())
+}
+
+/// What a test created, removed on drop, also when the test panics (with
+/// the containers' last log lines printed first, to show why).
+#[derive(Default)]
+struct Resources {
+    containers: Mutex<Vec<String>>,
+    networks: Mutex<Vec<String>>,
+}
+
+impl Resources {
+    /// Registers a container name before it is created, so that a half
+    /// created container is removed too.
+    fn container(&self, name: &str) -> String {
+        self.containers
+            .lock()
+            .expect("resource list")
+            .push(name.to_owned());
+        name.to_owned()
+    }
+
+    fn network(&self, name: &str) -> String {
+        self.networks
+            .lock()
+            .expect("resource list")
+            .push(name.to_owned());
+        name.to_owned()
+    }
+}
+
+impl Drop for Resources {
+    fn drop(&mut self) {
+        let run = |args: &[&str]| {
+            StdCommand::new("docker")
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+        };
+        let containers =
+            std::mem::take(&mut *self.containers.lock().unwrap_or_else(|e| e.into_inner()));
+        for name in containers.iter().rev() {
+            if std::thread::panicking() {
+                if let Ok(output) = run(&["logs", "--tail", "25", name]) {
+                    eprintln!(
+                        "--- last log lines of {name} ---\n{}{}",
+                        String::from_utf8_lossy(&output.stdout),
+                        String::from_utf8_lossy(&output.stderr)
+                    );
+                }
+            }
+            // -v: the anonymous volume the image's VOLUME /data made.
+            let _ = run(&["rm", "--force", "--volumes", name]);
+        }
+        let networks =
+            std::mem::take(&mut *self.networks.lock().unwrap_or_else(|e| e.into_inner()));
+        for name in networks.iter().rev() {
+            let _ = run(&["network", "rm", name]);
+        }
+    }
+}
+
+/// Everything the container wrote, stdout and stderr.
+async fn container_logs(name: &str) -> String {
+    let output = Command::new("docker")
+        .args(["logs", name])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("docker logs");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// `docker port NAME PORT/tcp` as an address on 127.0.0.1.
+async fn published(name: &str, port: u16) -> SocketAddr {
+    let mapping = docker(&["port", name, &format!("{port}/tcp")]).await;
+    let addr: SocketAddr = mapping
+        .lines()
+        .find_map(|line| line.trim().parse().ok())
+        .unwrap_or_else(|| panic!("cannot read the published port of {name}: {mapping:?}"));
+    assert!(
+        addr.ip().is_loopback(),
+        "{name} must publish on 127.0.0.1 only: {addr}"
+    );
+    addr
+}
+
+async fn inspect(name: &str, format: &str) -> String {
+    docker(&["inspect", "--format", format, name]).await
+}
+
+/// Waits (bounded) until Docker's health check reports the container healthy.
+async fn wait_healthy(name: &str, limit: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        let state = inspect(
+            name,
+            "{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}",
+        )
+        .await;
+        match state.as_str() {
+            "running healthy" => return start.elapsed(),
+            "running starting" | "running unhealthy" | "created none" | "created starting" => {}
+            other => panic!("{name} is not coming up: {other}"),
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{name} not healthy after {limit:?} (state: {state}); last health check: {}",
+            inspect(name, "{{json .State.Health}}").await
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// `docker stop` with Docker's default timeout, timed; asserts exit code 0.
+async fn stop_cleanly(name: &str) -> Duration {
+    let start = Instant::now();
+    docker(&[
+        "stop",
+        "--time",
+        &DOCKER_STOP_TIMEOUT.as_secs().to_string(),
+        name,
+    ])
+    .await;
+    let took = start.elapsed();
+    let exit = inspect(name, "{{.State.ExitCode}} {{.State.OOMKilled}}").await;
+    assert_eq!(
+        exit,
+        "0 false",
+        "{name} should exit 0 on SIGTERM (took {took:?}); logs:\n{}",
+        container_logs(name).await
+    );
+    assert!(
+        took < DOCKER_STOP_TIMEOUT,
+        "{name} took {took:?} to stop: Docker's SIGKILL deadline is {DOCKER_STOP_TIMEOUT:?}"
+    );
+    took
+}
+
+// --- the image ---------------------------------------------------------------
+
+fn repo() -> &'static str {
+    env!("CARGO_MANIFEST_DIR")
+}
+
+/// The ID of an image, if it exists.
+fn image_id(image: &str) -> Option<String> {
+    let output = StdCommand::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", image])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
+static IMAGE_BUILT: OnceCell<Result<(), String>> = OnceCell::const_new();
+/// The two tests share the engine and the two cores: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Base images, then the Dockerfile, once per test binary.
+async fn image() {
+    let built = IMAGE_BUILT.get_or_init(build_image).await;
+    if let Err(e) = built {
+        panic!("{e}");
+    }
+}
+
+async fn build_image() -> Result<(), String> {
+    // Local stand-ins for the Dockerfile's base images, and the load balancer.
+    let start = Instant::now();
+    let output = Command::new("bash")
+        .args([
+            "scripts/docker-base-images.sh",
+            "builder",
+            "runtime",
+            "haproxy",
+        ])
+        .current_dir(repo())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("cannot run scripts/docker-base-images.sh: {e}"))?;
+    print!("{}", String::from_utf8_lossy(&output.stdout));
+    if !output.status.success() {
+        return Err(format!(
+            "scripts/docker-base-images.sh failed ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    println!("base images ready in {:.1?}", start.elapsed());
+
+    // The Dockerfile builds with the classic builder and with BuildKit; a
+    // client without the buildx plugin can only use the classic one.
+    let buildx = Command::new("docker")
+        .args(["buildx", "version"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|status| status.success());
+    // The build stage is tagged too, so that it (and the dependency layer
+    // under it) stays cached, and what a previous run built can be removed
+    // instead of piling up as untagged images.
+    let previous: Vec<String> = [IMAGE, BUILD_STAGE_IMAGE]
+        .iter()
+        .filter_map(|image| image_id(image))
+        .collect();
+    let start = Instant::now();
+    for (target, tag) in [("build", BUILD_STAGE_IMAGE), ("", IMAGE)] {
+        let mut args = vec!["build", "--tag", tag, "--file", "Dockerfile"];
+        if !target.is_empty() {
+            args.extend(["--target", target]);
+        }
+        args.push(".");
+        let output = Command::new("docker")
+            .args(&args)
+            .env("DOCKER_BUILDKIT", if buildx { "1" } else { "0" })
+            .current_dir(repo())
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|e| format!("cannot run docker build: {e}"))?;
+        if !output.status.success() {
+            let log = String::from_utf8_lossy(&output.stdout);
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            return Err(format!(
+                "docker {} failed ({}) after {:.1?}:\n{}\n{}",
+                args.join(" "),
+                output.status,
+                start.elapsed(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+    }
+    let took = start.elapsed();
+    let current: Vec<String> = [IMAGE, BUILD_STAGE_IMAGE]
+        .iter()
+        .filter_map(|image| image_id(image))
+        .collect();
+    for old in previous.iter().filter(|id| !current.contains(id)) {
+        // Fails harmlessly if something still uses it.
+        let _ = try_docker(&["image", "rm", old]).await;
+    }
+    let size: u64 = try_docker(&["image", "inspect", "--format", "{{.Size}}", IMAGE])
+        .await?
+        .parse()
+        .map_err(|e| format!("image size: {e}"))?;
+    println!(
+        "built {IMAGE} in {took:.1?} ({} builder): {:.1} MB",
+        if buildx { "BuildKit" } else { "classic" },
+        size as f64 / 1_000_000.0
+    );
+    Ok(())
+}
+
+// --- HTTP --------------------------------------------------------------------
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("HTTP client")
+}
+
+/// Polls `url` until it answers 200 (bounded).
+async fn wait_ok(client: &reqwest::Client, url: &str, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        match client.get(url).send().await {
+            Ok(response) if response.status() == reqwest::StatusCode::OK => return,
+            Ok(response) if start.elapsed() >= limit => {
+                panic!("{url} answers {} after {limit:?}", response.status())
+            }
+            Err(e) if start.elapsed() >= limit => panic!("{url} unreachable after {limit:?}: {e}"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+async fn status_of(client: &reqwest::Client, url: &str) -> Option<u16> {
+    client
+        .get(url)
+        .send()
+        .await
+        .ok()
+        .map(|r| r.status().as_u16())
+}
+
+// --- 1: one container ----------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_is_healthy_non_root_and_drains_on_docker_stop() {
+    if !engine_available().await {
+        return;
+    }
+    let _turn = ONE_AT_A_TIME.lock().await;
+    image().await;
+
+    // What the image says about itself.
+    let config = inspect(
+        IMAGE,
+        "{{.Config.User}}|{{.Config.StopSignal}}|{{json .Config.Entrypoint}}|{{json .Config.Cmd}}|{{json .Config.Healthcheck.Test}}",
+    )
+    .await;
+    assert_eq!(
+        config,
+        r#"65532:65532|SIGTERM|["/usr/local/bin/lameduck"]|["server"]|["CMD","/usr/local/bin/lameduck","healthcheck"]"#
+    );
+
+    let resources = Resources::default();
+    let name = resources.container(&unique("single"));
+    let drain_delay = Duration::from_secs(2);
+    let started = Instant::now();
+    docker(&[
+        "run",
+        "--detach",
+        "--name",
+        &name,
+        "--publish",
+        &format!("127.0.0.1:0:{APP_PORT}"),
+        "--env",
+        &format!("LAMEDUCK_DRAIN_DELAY={}s", drain_delay.as_secs()),
+        "--env",
+        "LAMEDUCK_SHUTDOWN_TIMEOUT=5s",
+        IMAGE,
+    ])
+    .await;
+    let addr = published(&name, APP_PORT).await;
+    let base = format!("http://{addr}");
+    let http = client();
+
+    wait_ok(&http, &format!("{base}/healthz"), Duration::from_secs(30)).await;
+    println!(
+        "/healthz answered 200 {:.1?} after docker run",
+        started.elapsed()
+    );
+    let logs = container_logs(&name).await;
+    assert!(
+        logs.contains(&format!("listening on http://0.0.0.0:{APP_PORT}")),
+        "the server should log where it listens:\n{logs}"
+    );
+
+    // The image's own HEALTHCHECK (interval 10s) runs `lameduck healthcheck`.
+    let healthy_after = wait_healthy(&name, Duration::from_secs(60)).await;
+    println!("docker reports {name} healthy after {healthy_after:.1?}");
+
+    // Non-root: the configured user and the uid the process really runs as.
+    assert_eq!(inspect(&name, "{{.Config.User}}").await, "65532:65532");
+    let top = docker(&["top", &name, "-eo", "uid,pid,args"]).await;
+    let uids: Vec<&str> = top
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert!(!uids.is_empty(), "docker top shows no process:\n{top}");
+    assert!(
+        uids.iter().all(|uid| *uid == "65532"),
+        "every process in the container runs as uid 65532:\n{top}"
+    );
+    println!("processes run as uid 65532:\n{top}");
+
+    assert_eq!(status_of(&http, &format!("{base}/readyz")).await, Some(200));
+
+    // A POST whose body arrives slowly, in flight across `docker stop`.
+    let body = br#"{"url":"https://example.com/uploaded-while-the-container-stopped"}"#;
+    let mut upload = TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /api/links HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    upload.write_all(head.as_bytes()).await.expect("send head");
+    upload.write_all(&body[..1]).await.expect("send first byte");
+    // Let the request reach the server through Docker's port proxy.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let stopping = {
+        let name = name.clone();
+        tokio::spawn(async move { stop_cleanly(&name).await })
+    };
+
+    // Lame duck: readiness is 503 while the server still answers.
+    let lame_duck_start = Instant::now();
+    let mut saw_503 = false;
+    while lame_duck_start.elapsed() < drain_delay * 3 / 4 {
+        if status_of(&http, &format!("{base}/readyz")).await == Some(503) {
+            saw_503 = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        saw_503,
+        "/readyz should answer 503 during the lame-duck period"
+    );
+    println!(
+        "/readyz answered 503 {:.1?} after docker stop",
+        lame_duck_start.elapsed()
+    );
+
+    // The rest of the body, spread past the end of the drain delay, when the
+    // listener has closed and only in-flight requests are left.
+    let rest = &body[1..];
+    let pieces = 12;
+    let piece = rest.len().div_ceil(pieces);
+    for chunk in rest.chunks(piece) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        upload
+            .write_all(chunk)
+            .await
+            .expect("send a piece of the body");
+    }
+    let upload_done = lame_duck_start.elapsed();
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(15), upload.read_to_end(&mut response))
+        .await
+        .expect("the response within 15s")
+        .expect("read the response");
+    let response = String::from_utf8_lossy(&response);
+    let status_line = response.lines().next().unwrap_or_default();
+    assert!(
+        status_line.starts_with("HTTP/1.1 201"),
+        "the in-flight POST should complete with 201 Created, got:\n{response}"
+    );
+    assert!(
+        upload_done > drain_delay,
+        "the upload should have outlasted the drain delay ({upload_done:?} <= {drain_delay:?})"
+    );
+
+    let took = stopping.await.expect("docker stop task");
+    println!(
+        "docker stop: the upload finished {upload_done:.1?} after SIGTERM with {status_line:?}; \
+         the container exited 0 after {took:.1?}"
+    );
+}
+
+// --- 2: rolling replacement behind a load balancer ------------------------------
+
+/// The load balancer's view of one server, from `show stat`.
+#[derive(Debug)]
+struct ServerStat {
+    /// UP, DOWN, MAINT, ... ("UP 1/2": going down).
+    status: String,
+    /// The last health check's result: L7OK, L7STS (wrong status), L4CON...
+    check: String,
+    /// Requests sent to it so far.
+    total: u64,
+}
+
+/// One command on HAProxy's runtime API (its admin socket, published on
+/// 127.0.0.1); the answer.
+async fn haproxy_command(admin: SocketAddr, command: &str) -> String {
+    let mut stream = TcpStream::connect(admin)
+        .await
+        .expect("connect to the HAProxy admin socket");
+    stream
+        .write_all(format!("{command}\n").as_bytes())
+        .await
+        .expect("send to the HAProxy admin socket");
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut answer))
+        .await
+        .expect("HAProxy answers within 5s")
+        .expect("read from the HAProxy admin socket");
+    answer
+}
+
+async fn haproxy_servers(admin: SocketAddr) -> Vec<(String, ServerStat)> {
+    let csv = haproxy_command(admin, "show stat").await;
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .and_then(|h| h.strip_prefix("# "))
+        .unwrap_or_else(|| panic!("unexpected `show stat` answer: {csv}"))
+        .split(',')
+        .collect();
+    let column = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("no {name} column in `show stat`"))
+    };
+    let (px, sv, status, check, stot) = (
+        column("pxname"),
+        column("svname"),
+        column("status"),
+        column("check_status"),
+        column("stot"),
+    );
+    lines
+        .map(|line| line.split(',').collect::<Vec<_>>())
+        .filter(|fields| {
+            fields.len() > stot.max(check) && fields[px] == "apps" && fields[sv].starts_with("slot")
+        })
+        .map(|fields| {
+            (
+                fields[sv].to_owned(),
+                ServerStat {
+                    status: fields[status].to_owned(),
+                    check: fields[check].trim_start_matches("* ").to_owned(),
+                    total: fields[stot].parse().unwrap_or(0),
+                },
+            )
+        })
+        .collect()
+}
+
+async fn haproxy_server(admin: SocketAddr, slot: &str) -> ServerStat {
+    haproxy_servers(admin)
+        .await
+        .into_iter()
+        .find(|(name, _)| name == slot)
+        .map(|(_, stat)| stat)
+        .unwrap_or_else(|| panic!("HAProxy has no server {slot}"))
+}
+
+/// Waits (bounded) until the load balancer reports `slot` up, its last
+/// health check (`/readyz` at the server's current address) passed.
+async fn wait_server_up(admin: SocketAddr, slot: &str, limit: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        let stat = haproxy_server(admin, slot).await;
+        if stat.status == "UP" && stat.check == "L7OK" {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "HAProxy still reports {slot} {stat:?} after {limit:?}, waiting for it to be UP"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The app container's address on the test's network.
+async fn network_ip(name: &str, network: &str) -> String {
+    let ip = inspect(
+        name,
+        &format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}"),
+    )
+    .await;
+    assert!(
+        ip.parse::<std::net::IpAddr>().is_ok(),
+        "{name} has no address on {network}: {ip:?}"
+    );
+    ip
+}
+
+/// The app as the rolling test runs it: on the test's network only (no
+/// published port), health-checked every second instead of every ten.
+async fn start_app(
+    resources: &Resources,
+    network: &str,
+    label: &str,
+    drain_delay: Duration,
+) -> String {
+    let name = resources.container(&unique(label));
+    docker(&[
+        "run",
+        "--detach",
+        "--name",
+        &name,
+        "--network",
+        network,
+        "--health-interval",
+        "1s",
+        "--health-start-period",
+        "10s",
+        "--env",
+        &format!("LAMEDUCK_DRAIN_DELAY={}ms", drain_delay.as_millis()),
+        "--env",
+        "LAMEDUCK_SHUTDOWN_TIMEOUT=5s",
+        IMAGE,
+    ])
+    .await;
+    name
+}
+
+/// HAProxy: checks `/readyz` every 500 ms and takes a server out after two
+/// failures, so it notices a draining app within about 1 s. No retries and
+/// no redispatch: a request sent to a server that cannot take it fails, and
+/// the test sees it. Four server slots: two for the first apps, two (in
+/// maintenance) for their replacements.
+fn haproxy_config(first: &str, second: &str) -> String {
+    format!(
+        "global
+    maxconn 1024
+    stats socket ipv4@0.0.0.0:9999 level admin
+    stats timeout 10s
+
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    timeout http-request 10s
+    retries 0
+
+frontend web
+    bind 0.0.0.0:8080
+    default_backend apps
+
+backend apps
+    balance roundrobin
+    option httpchk GET /readyz
+    http-check expect status 200
+    default-server check inter 500ms fastinter 250ms downinter 500ms rise 2 fall 2
+    server slot1 {first}:{APP_PORT}
+    server slot2 {second}:{APP_PORT}
+    server slot3 127.0.0.1:{APP_PORT} disabled
+    server slot4 127.0.0.1:{APP_PORT} disabled
+"
+    )
+}
+
+#[derive(Default)]
+struct Traffic {
+    ok: AtomicU64,
+    failed: AtomicU64,
+    failures: Mutex<Vec<String>>,
+    stop: AtomicBool,
+}
+
+/// Upper bounds of the traffic, whatever happens.
+const MAX_REQUESTS: u64 = 100_000;
+const MAX_TRAFFIC_TIME: Duration = Duration::from_secs(240);
+const WORKERS: usize = 4;
+
+async fn send_traffic(traffic: Arc<Traffic>, http: reqwest::Client, url: String, worker: usize) {
+    let start = Instant::now();
+    let mut n = 0u64;
+    while !traffic.stop.load(Ordering::Relaxed)
+        && start.elapsed() < MAX_TRAFFIC_TIME
+        && traffic.ok.load(Ordering::Relaxed) + traffic.failed.load(Ordering::Relaxed)
+            < MAX_REQUESTS
+    {
+        n += 1;
+        let body =
+            serde_json::json!({ "url": format!("https://example.com/rolling/{worker}/{n}") });
+        let outcome = match http.post(&url).json(&body).send().await {
+            Ok(response) if response.status() == reqwest::StatusCode::CREATED => {
+                match response.bytes().await {
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(format!("reading the body: {e}")),
+                }
+            }
+            Ok(response) => {
+                let status = response.status();
+                Err(format!(
+                    "{status}: {}",
+                    response.text().await.unwrap_or_default()
+                ))
+            }
+            Err(e) => Err(format!("{e:?}")),
+        };
+        match outcome {
+            Ok(()) => {
+                traffic.ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                traffic.failed.fetch_add(1, Ordering::Relaxed);
+                let mut failures = traffic.failures.lock().expect("failure list");
+                if failures.len() < 20 {
+                    failures.push(format!("{:.2?} worker {worker}: {e}", start.elapsed()));
+                }
+            }
+        }
+        // Steady, bounded load: a few hundred requests a second in all.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_replacement_behind_a_load_balancer_drops_no_request() {
+    if !engine_available().await {
+        return;
+    }
+    let _turn = ONE_AT_A_TIME.lock().await;
+    image().await;
+    let test_start = Instant::now();
+
+    let resources = Resources::default();
+    let network = resources.network(&unique("net"));
+    docker(&["network", "create", "--driver", "bridge", &network]).await;
+
+    // Longer than HAProxy needs to notice the 503 (2 checks 500 ms apart).
+    let drain_delay = Duration::from_millis(3000);
+    let a1 = start_app(&resources, &network, "a1", drain_delay).await;
+    let a2 = start_app(&resources, &network, "a2", drain_delay).await;
+    wait_healthy(&a1, Duration::from_secs(60)).await;
+    wait_healthy(&a2, Duration::from_secs(60)).await;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("haproxy.cfg");
+    std::fs::write(
+        &config,
+        haproxy_config(
+            &network_ip(&a1, &network).await,
+            &network_ip(&a2, &network).await,
+        ),
+    )
+    .expect("write haproxy.cfg");
+    let lb = resources.container(&unique("lb"));
+    docker(&[
+        "run",
+        "--detach",
+        "--name",
+        &lb,
+        "--network",
+        &network,
+        "--publish",
+        &format!("127.0.0.1:0:{APP_PORT}"),
+        "--publish",
+        "127.0.0.1:0:9999",
+        "--volume",
+        &format!("{}:/usr/local/etc/haproxy/haproxy.cfg:ro", config.display()),
+        HAPROXY_IMAGE,
+    ])
+    .await;
+    let front = published(&lb, APP_PORT).await;
+    let admin = published(&lb, 9999).await;
+    let http = client();
+    wait_ok(
+        &http,
+        &format!("http://{front}/healthz"),
+        Duration::from_secs(30),
+    )
+    .await;
+    wait_server_up(admin, "slot1", Duration::from_secs(15)).await;
+    wait_server_up(admin, "slot2", Duration::from_secs(15)).await;
+    println!("HAProxy up with {a1} and {a2} behind it");
+
+    // Constant traffic through the load balancer.
+    let traffic = Arc::new(Traffic::default());
+    let url = format!("http://{front}/api/links");
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|worker| {
+            tokio::spawn(send_traffic(
+                traffic.clone(),
+                http.clone(),
+                url.clone(),
+                worker,
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    for (old, old_slot, label, new_slot) in
+        [(&a1, "slot1", "b1", "slot3"), (&a2, "slot2", "b2", "slot4")]
+    {
+        let before = traffic.ok.load(Ordering::Relaxed);
+        // 1. The new app, healthy.
+        let new = start_app(&resources, &network, label, drain_delay).await;
+        let healthy = wait_healthy(&new, Duration::from_secs(60)).await;
+        // 2. Into the load balancer, and up there.
+        let ip = network_ip(&new, &network).await;
+        let answer = haproxy_command(
+            admin,
+            &format!("set server apps/{new_slot} addr {ip} port {APP_PORT}"),
+        )
+        .await;
+        assert!(
+            !answer.to_lowercase().contains("error") && !answer.contains("No such"),
+            "set server addr: {answer}"
+        );
+        let answer =
+            haproxy_command(admin, &format!("set server apps/{new_slot} state ready")).await;
+        assert!(answer.trim().is_empty(), "set server state ready: {answer}");
+        let up = wait_server_up(admin, new_slot, Duration::from_secs(15)).await;
+        // 3. The old app stops: lame duck (HAProxy sees the 503 and takes it
+        //    out while it still serves), drain, exit 0.
+        let sigterm = Instant::now();
+        let stopping = {
+            let old = old.clone();
+            tokio::spawn(async move { stop_cleanly(&old).await })
+        };
+        let mut taken_out = None;
+        while !stopping.is_finished() && sigterm.elapsed() < DOCKER_STOP_TIMEOUT {
+            let stat = haproxy_server(admin, old_slot).await;
+            if stat.status.starts_with("DOWN") {
+                taken_out = Some(sigterm.elapsed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let stopped = stopping.await.expect("docker stop task");
+        let old_stat = haproxy_server(admin, old_slot).await;
+        let taken_out = taken_out.unwrap_or_else(|| {
+            panic!("HAProxy did not take {old_slot} out before {old} exited: {old_stat:?}")
+        });
+        assert!(
+            taken_out < drain_delay,
+            "HAProxy took {old_slot} out {taken_out:?} after SIGTERM, after the drain delay \
+             ({drain_delay:?}) had ended: requests may have met a closed listener"
+        );
+        haproxy_command(admin, &format!("set server apps/{old_slot} state maint")).await;
+        // Traffic on the new app before the next round.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        println!(
+            "replaced {old} by {new}: healthy in {healthy:.1?}, up in HAProxy {up:.1?} later; \
+             old one out of HAProxy {taken_out:.1?} after SIGTERM, exited 0 after {stopped:.1?}; \
+             {} requests served meanwhile, {} failed so far",
+            traffic.ok.load(Ordering::Relaxed) - before,
+            traffic.failed.load(Ordering::Relaxed)
+        );
+    }
+
+    traffic.stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.await.expect("traffic worker");
+    }
+    let ok = traffic.ok.load(Ordering::Relaxed);
+    let failed = traffic.failed.load(Ordering::Relaxed);
+    let per_server = haproxy_servers(admin).await;
+    println!(
+        "rolling replacement: {ok} requests succeeded, {failed} failed, in {:.1?}; per server: {}",
+        test_start.elapsed(),
+        per_server
+            .iter()
+            .map(|(name, stat)| format!("{name} {} ({})", stat.total, stat.status))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    assert_eq!(
+        failed,
+        0,
+        "requests failed during the rolling replacement:\n{}",
+        traffic.failures.lock().expect("failure list").join("\n")
+    );
+    assert!(
+        ok >= 200,
+        "too little traffic to mean anything: {ok} requests"
+    );
+    for (slot, stat) in &per_server {
+        assert!(
+            stat.total > 0,
+            "{slot} served no request: the traffic never reached it"
+        );
+    }
+}

@@ -1,0 +1,679 @@
+//! The deployment files agree with the server they deploy.
+//!
+//! The Kubernetes Deployment's container environment is parsed by the
+//! server's own command line parser (each `LAMEDUCK_*` variable turned into
+//! the flag that reads it), and what comes out is checked against the
+//! manifest: the grace period outlasts the server's shutdown budget, the
+//! probes ask the right paths on the port the server listens on, rollouts
+//! never drop below the replica count, and the pod runs locked down.
+//! The Dockerfile and the base-image script are checked against each other
+//! and the Deployment, and the files are validated with `kubernetes-validate`
+//! and `hadolint` when those are on PATH (`scripts/install-test-deps.sh lint`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command as Process;
+use std::time::Duration;
+
+use clap::{CommandFactory, Parser};
+use lameduck::config::{Cli, Command, ServerConfig};
+use serde::Deserialize as _;
+use serde_yaml::Value;
+
+/// The Kubernetes version the manifests are validated against.
+const KUBERNETES_VERSION: &str = "1.34.0";
+
+/// How much longer than the server's worst-case shutdown the grace period
+/// must be: SIGTERM delivery, process exit and the kubelet's own bookkeeping.
+const GRACE_MARGIN: Duration = Duration::from_secs(5);
+
+/// The least lame-duck period worth calling one: endpoint removal takes at
+/// least this long to reach kube-proxies and load balancers.
+const MIN_DRAIN_DELAY: Duration = Duration::from_secs(2);
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn manifests_dir() -> PathBuf {
+    repo().join("deploy/kubernetes")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// Every YAML document in a file.
+fn documents(path: &Path) -> Vec<Value> {
+    let text = read(path);
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|document| {
+            Value::deserialize(document)
+                .unwrap_or_else(|e| panic!("{} is not valid YAML: {e}", path.display()))
+        })
+        .filter(|document| !document.is_null())
+        .collect()
+}
+
+/// The one document of the given kind in a manifest file.
+fn resource(file: &str, kind: &str) -> Value {
+    let path = manifests_dir().join(file);
+    let mut found: Vec<Value> = documents(&path)
+        .into_iter()
+        .filter(|document| document["kind"].as_str() == Some(kind))
+        .collect();
+    assert_eq!(found.len(), 1, "{file} should hold exactly one {kind}");
+    found.remove(0)
+}
+
+fn str_at<'a>(value: &'a Value, what: &str) -> &'a str {
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("{what} should be a string, is {value:?}"))
+}
+
+fn u64_at(value: &Value, what: &str) -> u64 {
+    value
+        .as_u64()
+        .unwrap_or_else(|| panic!("{what} should be a non-negative integer, is {value:?}"))
+}
+
+fn seq_at<'a>(value: &'a Value, what: &str) -> &'a [Value] {
+    value
+        .as_sequence()
+        .map(Vec::as_slice)
+        .unwrap_or_else(|| panic!("{what} should be a list, is {value:?}"))
+}
+
+fn string_map(value: &Value, what: &str) -> BTreeMap<String, String> {
+    value
+        .as_mapping()
+        .unwrap_or_else(|| panic!("{what} should be a map, is {value:?}"))
+        .iter()
+        .map(|(k, v)| (str_at(k, what).to_owned(), str_at(v, what).to_owned()))
+        .collect()
+}
+
+fn deployment() -> Value {
+    resource("deployment.yaml", "Deployment")
+}
+
+/// The server's container: the one that runs `lameduck server`.
+fn server_container(deployment: &Value) -> Value {
+    let containers = seq_at(
+        &deployment["spec"]["template"]["spec"]["containers"],
+        "containers",
+    );
+    assert_eq!(containers.len(), 1, "one container per pod: the server");
+    containers[0].clone()
+}
+
+/// The command line the container runs, as the server parses it: the image's
+/// entrypoint, the container's args (the image's CMD is `server`), and every
+/// `LAMEDUCK_*` variable turned into the flag that reads it, so that the
+/// test's own environment plays no part.
+fn container_argv(container: &Value) -> Vec<String> {
+    assert!(
+        container["command"].is_null(),
+        "the image's entrypoint (/usr/local/bin/lameduck) must not be overridden"
+    );
+    let mut argv = vec!["lameduck".to_owned()];
+    match container["args"].as_sequence() {
+        Some(args) => argv.extend(args.iter().map(|arg| str_at(arg, "args").to_owned())),
+        None => argv.push("server".to_owned()), // the image's CMD
+    }
+    assert_eq!(
+        argv.get(1).map(String::as_str),
+        Some("server"),
+        "the container runs `lameduck server`"
+    );
+
+    let command = Cli::command();
+    let server = command
+        .find_subcommand("server")
+        .expect("lameduck has a server subcommand");
+    for entry in seq_at(&container["env"], "env") {
+        let name = str_at(&entry["name"], "env name");
+        let arg = server
+            .get_arguments()
+            .find(|arg| arg.get_env().is_some_and(|env| env == name));
+        let Some(arg) = arg else {
+            // A LAMEDUCK_ variable the server does not read is a typo that
+            // silently leaves a default in place.
+            assert!(
+                !name.starts_with("LAMEDUCK_"),
+                "{name} is set in the Deployment but `lameduck server` reads no such variable"
+            );
+            continue;
+        };
+        let Some(value) = entry["value"].as_str() else {
+            // From a Secret (DATABASE_URL): not known here, nor needed.
+            assert!(
+                entry["valueFrom"].is_mapping(),
+                "{name} has neither a value nor a valueFrom"
+            );
+            continue;
+        };
+        let long = arg
+            .get_long()
+            .unwrap_or_else(|| panic!("the argument read from {name} has no long flag"));
+        argv.push(format!("--{long}={value}"));
+    }
+    argv
+}
+
+fn server_config(container: &Value) -> ServerConfig {
+    let argv = container_argv(container);
+    match Cli::try_parse_from(&argv) {
+        Ok(cli) => match cli.command {
+            Command::Server(config) => config,
+            other => panic!("{argv:?} parsed as {other:?}, not the server"),
+        },
+        Err(error) => panic!("the Deployment's configuration does not parse: {argv:?}\n{error}"),
+    }
+}
+
+fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
+    seq_at(&container["env"], "env")
+        .iter()
+        .find(|entry| entry["name"].as_str() == Some(name))
+}
+
+/// A container port given by name or number, as a number.
+fn resolve_port(container: &Value, port: &Value) -> u64 {
+    if let Some(number) = port.as_u64() {
+        return number;
+    }
+    let name = str_at(port, "port");
+    seq_at(&container["ports"], "ports")
+        .iter()
+        .find(|p| p["name"].as_str() == Some(name))
+        .map(|p| u64_at(&p["containerPort"], "containerPort"))
+        .unwrap_or_else(|| panic!("the container has no port named {name}"))
+}
+
+fn container_port(container: &Value) -> u64 {
+    let ports = seq_at(&container["ports"], "ports");
+    assert_eq!(ports.len(), 1, "the server listens on one port");
+    u64_at(&ports[0]["containerPort"], "containerPort")
+}
+
+#[test]
+fn grace_period_outlasts_the_shutdown_budget() {
+    let deployment = deployment();
+    let container = server_container(&deployment);
+    let config = server_config(&container);
+    let grace = Duration::from_secs(u64_at(
+        &deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"],
+        "terminationGracePeriodSeconds",
+    ));
+    let budget = config.shutdown_budget();
+    println!(
+        "drain delay {:?} + shutdown timeout {:?} -> shutdown budget {budget:?}; grace period {grace:?}",
+        config.drain_delay, config.shutdown_timeout
+    );
+    assert!(
+        grace > budget + GRACE_MARGIN,
+        "terminationGracePeriodSeconds ({grace:?}) must exceed the server's shutdown budget \
+         ({budget:?}) by more than {GRACE_MARGIN:?}, or the kubelet kills pods mid-drain"
+    );
+    assert!(
+        config.drain_delay >= MIN_DRAIN_DELAY,
+        "LAMEDUCK_DRAIN_DELAY ({:?}) is too short for endpoint removal to propagate",
+        config.drain_delay
+    );
+    assert!(
+        config.shutdown_timeout > Duration::ZERO,
+        "LAMEDUCK_SHUTDOWN_TIMEOUT must leave in-flight requests some time"
+    );
+}
+
+#[test]
+fn probes_ask_the_server_where_it_listens() {
+    let deployment = deployment();
+    let container = server_container(&deployment);
+    let config = server_config(&container);
+    let port = container_port(&container);
+
+    assert!(
+        config.listen.ip().is_unspecified(),
+        "LAMEDUCK_LISTEN ({}) must be a wildcard address for the kubelet and the Service to reach it",
+        config.listen
+    );
+    assert_eq!(
+        u64::from(config.listen.port()),
+        port,
+        "LAMEDUCK_LISTEN's port must be the containerPort"
+    );
+
+    for (probe, path) in [
+        ("readinessProbe", "/readyz"),
+        ("livenessProbe", "/healthz"),
+        ("startupProbe", "/healthz"),
+    ] {
+        let get = &container[probe]["httpGet"];
+        assert!(get.is_mapping(), "{probe} should be an httpGet probe");
+        assert_eq!(str_at(&get["path"], probe), path, "{probe} path");
+        assert_eq!(resolve_port(&container, &get["port"]), port, "{probe} port");
+        assert!(
+            get["scheme"].is_null() || get["scheme"].as_str() == Some("HTTP"),
+            "{probe}: the server speaks plain HTTP"
+        );
+    }
+
+    // Readiness must notice the 503 within the lame-duck period, while the
+    // server still accepts connections.
+    let readiness = &container["readinessProbe"];
+    let period = readiness["periodSeconds"].as_u64().unwrap_or(10);
+    let failures = readiness["failureThreshold"].as_u64().unwrap_or(3);
+    let noticed = Duration::from_secs(period * failures);
+    assert!(
+        noticed <= config.drain_delay,
+        "the readiness probe needs up to {noticed:?} to see the 503, longer than the drain delay ({:?})",
+        config.drain_delay
+    );
+}
+
+#[test]
+fn rollouts_keep_capacity_and_disruptions_are_bounded() {
+    let deployment = deployment();
+    let spec = &deployment["spec"];
+    let replicas = u64_at(&spec["replicas"], "replicas");
+    assert_eq!(replicas, 3);
+    assert_eq!(
+        str_at(&spec["strategy"]["type"], "strategy"),
+        "RollingUpdate"
+    );
+    let rolling = &spec["strategy"]["rollingUpdate"];
+    assert_eq!(
+        rolling["maxUnavailable"].as_u64(),
+        Some(0),
+        "maxUnavailable"
+    );
+    assert_eq!(rolling["maxSurge"].as_u64(), Some(1), "maxSurge");
+
+    let pod_labels = string_map(&spec["template"]["metadata"]["labels"], "pod labels");
+    let matches_pods = |selector: &Value, what: &str| {
+        let selector = string_map(selector, what);
+        assert!(!selector.is_empty(), "{what} is empty");
+        for (key, value) in &selector {
+            assert_eq!(
+                pod_labels.get(key),
+                Some(value),
+                "{what} {key} does not select the pods"
+            );
+        }
+    };
+    matches_pods(&spec["selector"]["matchLabels"], "Deployment selector");
+
+    let service = resource("service.yaml", "Service");
+    matches_pods(&service["spec"]["selector"], "Service selector");
+    let container = server_container(&deployment);
+    for port in seq_at(&service["spec"]["ports"], "Service ports") {
+        let target = &port["targetPort"];
+        assert_eq!(
+            resolve_port(&container, target),
+            container_port(&container),
+            "the Service's targetPort must be the server's port"
+        );
+    }
+
+    let pdb = resource("pdb.yaml", "PodDisruptionBudget");
+    matches_pods(
+        &pdb["spec"]["selector"]["matchLabels"],
+        "PodDisruptionBudget selector",
+    );
+    let allowed = match (pdb["spec"]["maxUnavailable"].as_u64(), pdb["spec"]["minAvailable"].as_u64()) {
+        (Some(max_unavailable), None) => max_unavailable,
+        (None, Some(min_available)) => replicas.saturating_sub(min_available),
+        other => panic!("the PodDisruptionBudget should set one of maxUnavailable, minAvailable as a number: {other:?}"),
+    };
+    assert!(
+        (1..replicas).contains(&allowed),
+        "the PodDisruptionBudget should allow between 1 and {} pods down, allows {allowed}",
+        replicas - 1
+    );
+}
+
+#[test]
+fn pods_run_locked_down() {
+    let deployment = deployment();
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = server_container(&deployment);
+    let config = server_config(&container);
+
+    let pod_security = &pod["securityContext"];
+    assert_eq!(
+        pod_security["runAsNonRoot"].as_bool(),
+        Some(true),
+        "pod runAsNonRoot"
+    );
+    let uid = u64_at(&pod_security["runAsUser"], "pod runAsUser");
+    assert_ne!(uid, 0, "pod runAsUser");
+    assert_eq!(
+        pod_security["seccompProfile"]["type"].as_str(),
+        Some("RuntimeDefault"),
+        "seccomp profile"
+    );
+
+    let security = &container["securityContext"];
+    assert_eq!(
+        security["runAsNonRoot"].as_bool(),
+        Some(true),
+        "container runAsNonRoot"
+    );
+    if let Some(container_uid) = security["runAsUser"].as_u64() {
+        assert_ne!(container_uid, 0, "container runAsUser");
+    }
+    assert_eq!(
+        security["readOnlyRootFilesystem"].as_bool(),
+        Some(true),
+        "readOnlyRootFilesystem"
+    );
+    assert_eq!(
+        security["allowPrivilegeEscalation"].as_bool(),
+        Some(false),
+        "allowPrivilegeEscalation"
+    );
+    assert_ne!(security["privileged"].as_bool(), Some(true), "privileged");
+    let dropped: Vec<&str> = seq_at(&security["capabilities"]["drop"], "capabilities.drop")
+        .iter()
+        .map(|c| str_at(c, "capability"))
+        .collect();
+    assert!(
+        dropped.contains(&"ALL"),
+        "capabilities.drop should be [ALL], is {dropped:?}"
+    );
+    assert!(
+        security["capabilities"]["add"].is_null(),
+        "no capability may be added back"
+    );
+
+    // With a read-only root, the data directory must be a writable volume.
+    let data_dir = config
+        .data_dir
+        .to_str()
+        .expect("data dir is UTF-8")
+        .to_owned();
+    let mount = seq_at(&container["volumeMounts"], "volumeMounts")
+        .iter()
+        .find(|m| m["mountPath"].as_str() == Some(data_dir.as_str()))
+        .unwrap_or_else(|| panic!("LAMEDUCK_DATA_DIR ({data_dir}) is not a mounted volume"));
+    assert_ne!(
+        mount["readOnly"].as_bool(),
+        Some(true),
+        "the data volume is writable"
+    );
+    let volume_name = str_at(&mount["name"], "volume name");
+    let volume = seq_at(&pod["volumes"], "volumes")
+        .iter()
+        .find(|v| v["name"].as_str() == Some(volume_name))
+        .unwrap_or_else(|| panic!("no volume named {volume_name}"));
+    assert!(
+        volume["emptyDir"].is_mapping(),
+        "the data volume should be an emptyDir"
+    );
+
+    for (kind, resource) in [
+        ("requests", "cpu"),
+        ("requests", "memory"),
+        ("limits", "memory"),
+    ] {
+        assert!(
+            !container["resources"][kind][resource].is_null(),
+            "resources.{kind}.{resource} should be set"
+        );
+    }
+}
+
+#[test]
+fn database_url_comes_from_the_example_secret() {
+    let deployment = deployment();
+    let container = server_container(&deployment);
+    let entry = env_value(&container, "DATABASE_URL").expect("DATABASE_URL is set");
+    assert!(
+        entry["value"].is_null(),
+        "DATABASE_URL must not be written into the Deployment"
+    );
+    let reference = &entry["valueFrom"]["secretKeyRef"];
+    let name = str_at(&reference["name"], "secretKeyRef.name");
+    let key = str_at(&reference["key"], "secretKeyRef.key");
+
+    let secret = resource("secret.example.yaml", "Secret");
+    assert_eq!(str_at(&secret["metadata"]["name"], "Secret name"), name);
+    let url = str_at(&secret["stringData"][key], "the example Secret's value");
+    assert!(
+        url.starts_with("postgres://"),
+        "the example is a PostgreSQL URL: {url}"
+    );
+    assert!(
+        url.contains("CHANGE-ME") && url.contains(".invalid"),
+        "the example Secret must be an obvious placeholder: {url}"
+    );
+
+    // The placeholder must never be applied along with the rest.
+    let kustomization = documents(&manifests_dir().join("kustomization.yaml")).remove(0);
+    let resources: Vec<&str> = seq_at(&kustomization["resources"], "kustomization resources")
+        .iter()
+        .map(|r| str_at(r, "resource"))
+        .collect();
+    for file in ["deployment.yaml", "service.yaml", "pdb.yaml"] {
+        assert!(
+            resources.contains(&file),
+            "kustomization.yaml should list {file}"
+        );
+    }
+    assert!(
+        !resources.contains(&"secret.example.yaml"),
+        "kustomization.yaml must not apply the example Secret"
+    );
+    for file in &resources {
+        assert!(
+            manifests_dir().join(file).is_file(),
+            "kustomization lists a missing {file}"
+        );
+    }
+}
+
+/// `ARG NAME=default` / `ENV`, `USER`, `EXPOSE` lines of the Dockerfile, with
+/// continuation lines joined.
+fn dockerfile_instructions() -> Vec<(String, String)> {
+    let text = read(&repo().join("Dockerfile"));
+    let mut joined = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if current.is_empty() && (trimmed.is_empty() || trimmed.starts_with('#')) {
+            continue;
+        }
+        if let Some(head) = trimmed.strip_suffix('\\') {
+            current.push_str(head);
+            current.push(' ');
+        } else {
+            current.push_str(trimmed);
+            joined.push(std::mem::take(&mut current));
+        }
+    }
+    joined
+        .into_iter()
+        .map(|line| match line.split_once(char::is_whitespace) {
+            Some((instruction, rest)) => (instruction.to_uppercase(), rest.trim().to_owned()),
+            None => (line.to_uppercase(), String::new()),
+        })
+        .collect()
+}
+
+#[test]
+fn dockerfile_agrees_with_the_deployment() {
+    let instructions = dockerfile_instructions();
+    let all = |name: &str| -> Vec<&str> {
+        instructions
+            .iter()
+            .filter(|(instruction, _)| instruction == name)
+            .map(|(_, rest)| rest.as_str())
+            .collect()
+    };
+    let last = |name: &str| -> &str {
+        all(name)
+            .last()
+            .copied()
+            .unwrap_or_else(|| panic!("the Dockerfile has no {name}"))
+    };
+
+    let deployment = deployment();
+    let container = server_container(&deployment);
+    let port = container_port(&container);
+    assert_eq!(
+        last("EXPOSE"),
+        format!("{port}"),
+        "EXPOSE is the containerPort"
+    );
+
+    let user = last("USER");
+    let uid: u64 = user
+        .split(':')
+        .next()
+        .and_then(|uid| uid.parse().ok())
+        .unwrap_or_else(|| panic!("USER should be numeric (runAsNonRoot needs a number): {user}"));
+    assert_ne!(uid, 0, "the image runs as non-root");
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"].as_u64(),
+        Some(uid),
+        "the Deployment's runAsUser is the image's USER"
+    );
+
+    let env: String = all("ENV").join(" ");
+    let image_listen = env
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("LAMEDUCK_LISTEN="))
+        .expect("the image sets LAMEDUCK_LISTEN");
+    assert_eq!(
+        image_listen,
+        format!("0.0.0.0:{port}"),
+        "the image listens on the exposed port"
+    );
+    assert!(
+        env.contains("LAMEDUCK_DATA_DIR=/data"),
+        "the image's data dir is /data: {env}"
+    );
+    assert!(all("VOLUME").contains(&"/data"), "/data is a volume");
+
+    assert_eq!(last("STOPSIGNAL"), "SIGTERM");
+    assert_eq!(
+        last("ENTRYPOINT"),
+        r#"["/usr/local/bin/lameduck"]"#,
+        "exec-form ENTRYPOINT"
+    );
+    assert_eq!(last("CMD"), r#"["server"]"#, "exec-form CMD");
+    let healthcheck = last("HEALTHCHECK");
+    assert!(
+        healthcheck.ends_with(r#"CMD ["/usr/local/bin/lameduck", "healthcheck"]"#),
+        "exec-form HEALTHCHECK running `lameduck healthcheck`: {healthcheck}"
+    );
+}
+
+#[test]
+fn base_image_script_makes_the_dockerfile_defaults() {
+    let instructions = dockerfile_instructions();
+    let script = read(&repo().join("scripts/docker-base-images.sh"));
+    for (arg, variable) in [
+        ("RUST_IMAGE", "BUILDER_TAG"),
+        ("RUNTIME_IMAGE", "RUNTIME_TAG"),
+    ] {
+        let default = instructions
+            .iter()
+            .find_map(|(instruction, rest)| {
+                (instruction == "ARG")
+                    .then(|| rest.strip_prefix(&format!("{arg}=")))
+                    .flatten()
+            })
+            .unwrap_or_else(|| panic!("the Dockerfile has no ARG {arg}=default"));
+        let line = format!("{variable}=\"${{{variable}:-{default}}}\"");
+        assert!(
+            script.lines().any(|l| l.trim() == line),
+            "scripts/docker-base-images.sh should make the Dockerfile's {arg} default: expected `{line}`"
+        );
+    }
+}
+
+/// Runs a linter if it is on PATH; `None` when it is not.
+fn run_tool(program: &str, args: &[&str]) -> Option<std::process::Output> {
+    match Process::new(program)
+        .args(args)
+        .current_dir(repo())
+        .output()
+    {
+        Ok(output) => Some(output),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            println!("{program} not on PATH (scripts/install-test-deps.sh lint): check skipped");
+            None
+        }
+        Err(e) => panic!("cannot run {program}: {e}"),
+    }
+}
+
+fn assert_tool_passed(what: &str, output: &std::process::Output) {
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn manifests_validate_against_the_kubernetes_schemas() {
+    let mut files: Vec<String> = std::fs::read_dir(manifests_dir())
+        .expect("deploy/kubernetes exists")
+        .map(|entry| entry.expect("directory entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
+        // Not a Kubernetes object: the validator has no schema for it.
+        .filter(|path| !path.ends_with("kustomization.yaml"))
+        .map(|path| path.display().to_string())
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 4,
+        "deployment, service, pdb, secret example: {files:?}"
+    );
+
+    let mut args = vec!["--strict", "-k", KUBERNETES_VERSION, "--quiet"];
+    args.extend(files.iter().map(String::as_str));
+    let Some(output) = run_tool("kubernetes-validate", &args) else {
+        return;
+    };
+    assert_tool_passed("kubernetes-validate", &output);
+    println!(
+        "kubernetes-validate --strict -k {KUBERNETES_VERSION}: {} files valid",
+        files.len()
+    );
+
+    // What `kubectl apply -k` would send, when kubectl is here to render it.
+    let dir = manifests_dir().display().to_string();
+    let Some(rendered) = run_tool("kubectl", &["kustomize", &dir]) else {
+        return;
+    };
+    assert_tool_passed("kubectl kustomize", &rendered);
+    let out = tempfile::Builder::new()
+        .suffix(".yaml")
+        .tempfile()
+        .expect("temp file");
+    std::fs::write(out.path(), &rendered.stdout).expect("write the rendered kustomization");
+    let path = out.path().display().to_string();
+    let output = run_tool(
+        "kubernetes-validate",
+        &["--strict", "-k", KUBERNETES_VERSION, "--quiet", &path],
+    )
+    .expect("kubernetes-validate ran a moment ago");
+    assert_tool_passed("kubernetes-validate on `kubectl kustomize`", &output);
+    println!("kubectl kustomize {dir}: valid");
+}
+
+#[test]
+fn dockerfile_passes_hadolint() {
+    let Some(output) = run_tool("hadolint", &["Dockerfile"]) else {
+        return;
+    };
+    assert_tool_passed("hadolint Dockerfile", &output);
+}

@@ -11,11 +11,15 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
 use crate::config::ServerConfig;
-use crate::http::{self, AppState, HttpMetrics, Startup};
+use crate::http::{self, AppState, GuardMetrics, HttpMetrics, Startup};
 use crate::lifecycle::{self, DrainReport, Phase, Shutdown, StopReport, Workers, LOG_TARGET};
+use crate::links::cache::LinkCache;
 use crate::links::hits::{self, HitCounter};
 use crate::links::spill::{self, ReplayError};
-use crate::storage::{Storage, StorageError, StorageMetrics};
+use crate::storage::{self, Storage, StorageError, StorageMetrics};
+
+/// How often the database health probe runs.
+pub const HEALTH_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long the hit flusher may take to stop after its token fires.
 pub const FLUSHER_STOP_BUDGET: Duration = Duration::from_secs(1);
@@ -108,6 +112,8 @@ impl App {
         storage_metrics.register(&mut registry);
         let hits = HitCounter::default();
         hits.register(&mut registry);
+        let guard_metrics = GuardMetrics::default();
+        guard_metrics.register(&mut registry);
 
         let storage = Storage::open(
             config.database_url.as_deref(),
@@ -149,6 +155,10 @@ impl App {
             let interval = config.flush_interval;
             move |token| hits::run_flusher(hits, storage, interval, token)
         });
+        workers.spawn_background("database health probe", {
+            let storage = storage.clone();
+            move |token| storage::run_health_probe(storage, HEALTH_PROBE_INTERVAL, token)
+        });
         workers.on_shutdown("final hit flush", FINAL_FLUSH_BUDGET, {
             let (hits, storage) = (hits.clone(), storage.clone());
             let data_dir = config.data_dir.clone();
@@ -161,14 +171,19 @@ impl App {
         });
 
         let startup = Startup::default();
-        let router = http::router(AppState {
-            shutdown: shutdown.clone(),
-            startup: startup.clone(),
-            registry: Arc::new(registry),
-            http_metrics,
-            storage: storage.clone(),
-            hits: hits.clone(),
-        });
+        let router = http::router(
+            AppState {
+                shutdown: shutdown.clone(),
+                startup: startup.clone(),
+                registry: Arc::new(registry),
+                http_metrics,
+                guard_metrics,
+                storage: storage.clone(),
+                hits: hits.clone(),
+                links: LinkCache::default(),
+            },
+            config.http_limits(),
+        );
         startup.complete();
         Ok(App {
             listener,
@@ -221,7 +236,7 @@ impl App {
             workers,
             config,
         } = self;
-        let drain = lifecycle::serve(listener, router, shutdown.clone(), config.drain()).await;
+        let drain = lifecycle::serve(listener, router, shutdown.clone(), config.serve()).await;
         let stop = workers.stop().await;
         shutdown.set_phase(Phase::Stopped);
         RunReport {

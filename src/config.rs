@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::lifecycle::{DrainConfig, DEADLINE_CLEANUP_GRACE};
+use crate::http::HttpLimits;
+use crate::lifecycle::{ServeConfig, DEADLINE_CLEANUP_GRACE};
 
 /// lameduck: an HTTP service that stops, restarts and rolls out under load
 /// without dropping a request or losing a byte.
@@ -68,17 +69,64 @@ pub struct ServerConfig {
     #[arg(long, env = "LAMEDUCK_FLUSH_INTERVAL", default_value = "1s", value_parser = parse_positive_duration, value_name = "DURATION")]
     pub flush_interval: Duration,
 
+    /// Most connections open at once; at the limit the server stops
+    /// accepting until one closes (back-pressure into the kernel backlog).
+    #[arg(long, env = "LAMEDUCK_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// Most requests handled at once by the API routes; past it requests are
+    /// shed at once with 503 and `Retry-After` (health, readiness and
+    /// metrics are never shed).
+    #[arg(long, env = "LAMEDUCK_MAX_CONCURRENT_REQUESTS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_requests: u32,
+
+    /// How long a request may take to produce its response head; then its
+    /// cancellation token fires and the client gets 503.
+    #[arg(long, env = "LAMEDUCK_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub request_timeout: Duration,
+
+    /// Largest request body accepted, in bytes; larger ones get 413.
+    #[arg(long, env = "LAMEDUCK_MAX_BODY_BYTES", default_value_t = 64 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// How long a client may take to send a request's headers (HTTP/1;
+    /// cuts off slowloris clients).
+    #[arg(long, env = "LAMEDUCK_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub header_read_timeout: Duration,
+
+    /// A connection with no request in flight for this long is closed
+    /// (HTTP/1 keep-alive and HTTP/2).
+    #[arg(long, env = "LAMEDUCK_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub idle_timeout: Duration,
+
+    /// Most concurrent streams on one HTTP/2 connection.
+    #[arg(long, env = "LAMEDUCK_H2_MAX_CONCURRENT_STREAMS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub h2_max_concurrent_streams: u32,
+
     /// Largest number of pooled database connections.
     #[arg(long, env = "LAMEDUCK_DATABASE_MAX_CONNECTIONS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub database_max_connections: u32,
 }
 
 impl ServerConfig {
-    /// The periods the lifecycle's drain uses.
-    pub fn drain(&self) -> DrainConfig {
-        DrainConfig {
+    /// How the lifecycle serves connections and drains them.
+    pub fn serve(&self) -> ServeConfig {
+        ServeConfig {
             drain_delay: self.drain_delay,
             shutdown_timeout: self.shutdown_timeout,
+            max_connections: self.max_connections as usize,
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+            h2_max_concurrent_streams: self.h2_max_concurrent_streams,
+        }
+    }
+
+    /// The limits the HTTP router enforces.
+    pub fn http_limits(&self) -> HttpLimits {
+        HttpLimits {
+            max_body_bytes: self.max_body_bytes,
+            request_timeout: self.request_timeout,
+            max_concurrent_requests: self.max_concurrent_requests as usize,
         }
     }
 

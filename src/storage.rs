@@ -10,6 +10,8 @@
 use std::future::Future;
 use std::path::Path;
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -25,6 +27,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a request waits for a pooled connection before it is answered
 /// 503: a full pool is back-pressure, not a reason to queue forever.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long the health probe waits for `SELECT 1`.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The `application_name` of the service's PostgreSQL sessions, so they can
 /// be told apart in `pg_stat_activity`.
@@ -83,6 +88,10 @@ pub enum StorageError {
     /// The database cannot be reached right now.
     #[error("database unavailable")]
     Unavailable(#[source] sqlx::Error),
+    /// The health probe says the database is down: fail fast rather than
+    /// wait for a connection that will not come.
+    #[error("database unavailable (health probe failing)")]
+    Down,
     /// Any other database error.
     #[error("database error")]
     Query(#[source] sqlx::Error),
@@ -174,6 +183,9 @@ pub struct Storage {
     backend: Backend,
     canceller: Option<AnyPool>,
     metrics: StorageMetrics,
+    /// False while the database is known to be unreachable: request paths
+    /// fail fast with 503 and readiness turns false.
+    healthy: Arc<AtomicBool>,
 }
 
 // === impl Storage ===
@@ -257,6 +269,7 @@ impl Storage {
             backend,
             canceller,
             metrics,
+            healthy: Arc::new(AtomicBool::new(true)),
         };
         storage.migrate().await?;
         Ok(storage)
@@ -272,6 +285,50 @@ impl Storage {
             Backend::Sqlite => sqlx::migrate!("migrations/sqlite").run(&self.pool).await?,
         }
         Ok(())
+    }
+
+    /// `false` while the database is known to be unreachable.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+
+    fn set_healthy(&self, healthy: bool) {
+        if self.healthy.swap(healthy, Ordering::AcqRel) != healthy {
+            if healthy {
+                tracing::info!("database reachable again");
+            } else {
+                tracing::warn!("database unreachable: failing fast until it answers again");
+            }
+        }
+    }
+
+    /// Notes what a database call says about the database's health.
+    fn observe<T>(&self, result: Result<T, StorageError>) -> Result<T, StorageError> {
+        match &result {
+            Err(StorageError::Unavailable(_)) => self.set_healthy(false),
+            Err(StorageError::Down) => {}
+            _ => self.set_healthy(true),
+        }
+        result
+    }
+
+    fn check_available(&self) -> Result<(), StorageError> {
+        if self.is_healthy() {
+            Ok(())
+        } else {
+            Err(StorageError::Down)
+        }
+    }
+
+    /// Asks the database for `SELECT 1` within [`PROBE_TIMEOUT`] and records
+    /// the answer; returns it.
+    pub async fn probe(&self) -> bool {
+        let answered =
+            tokio::time::timeout(PROBE_TIMEOUT, sqlx::query("SELECT 1").execute(&self.pool))
+                .await
+                .is_ok_and(|result| result.is_ok());
+        self.set_healthy(answered);
+        answered
     }
 
     /// Which database runs.
@@ -314,6 +371,16 @@ impl Storage {
     /// leaves a connection inside a transaction. Run it to completion on a
     /// tracked task (`RequestScope::run`) and signal it through `token`.
     pub async fn insert_link(
+        &self,
+        link: &StoredLink,
+        token: &CancellationToken,
+    ) -> Result<(), StorageError> {
+        self.check_available()?;
+        let result = self.insert_link_inner(link, token).await;
+        self.observe(result)
+    }
+
+    async fn insert_link_inner(
         &self,
         link: &StoredLink,
         token: &CancellationToken,
@@ -362,6 +429,12 @@ impl Storage {
     /// # Errors
     /// The database error.
     pub async fn find_link(&self, code: &str) -> Result<Option<StoredLink>, StorageError> {
+        self.check_available()?;
+        let result = self.find_link_inner(code).await;
+        self.observe(result)
+    }
+
+    async fn find_link_inner(&self, code: &str) -> Result<Option<StoredLink>, StorageError> {
         let row = sqlx::query("SELECT code, url, hits, created_at FROM links WHERE code = $1")
             .bind(code)
             .fetch_optional(&self.pool)
@@ -433,11 +506,6 @@ impl Storage {
         )
     }
 
-    /// `true` if the database answers a trivial query.
-    pub async fn is_available(&self) -> bool {
-        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
-    }
-
     fn begin_statement(&self) -> &'static str {
         match self.backend {
             // Take the write lock up front: a deferred transaction that
@@ -487,6 +555,25 @@ impl Storage {
         }
         work.await
     }
+}
+
+/// Background worker: probes the database every `interval` so that request
+/// paths fail fast while it is down and readiness reflects it, and notices
+/// when it is back.
+///
+/// # Errors
+/// None: an unreachable database is a state, not a failure.
+pub async fn run_health_probe(
+    storage: Storage,
+    interval: Duration,
+    token: CancellationToken,
+) -> Result<(), crate::lifecycle::BoxError> {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while token.run_until_cancelled(ticker.tick()).await.is_some() {
+        storage.probe().await;
+    }
+    Ok(())
 }
 
 /// The pool's options: connection setup, and the check that no connection

@@ -3,24 +3,37 @@
 
 mod error;
 pub mod metrics;
+pub mod middleware;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
-use axum::middleware;
+use std::time::Duration;
+
+use axum::error_handling::HandleErrorLayer;
+use axum::extract::DefaultBodyLimit;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{BoxError, Json, Router};
 use prometheus_client::registry::Registry;
 use serde_json::json;
+use tower::limit::GlobalConcurrencyLimitLayer;
+use tower::load_shed::LoadShedLayer;
+use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
 
 pub use error::ApiError;
 pub use metrics::HttpMetrics;
+pub use middleware::GuardMetrics;
 
 use crate::lifecycle::Shutdown;
 use crate::links;
+use crate::links::cache::LinkCache;
 use crate::links::hits::HitCounter;
 use crate::storage::Storage;
 
@@ -52,25 +65,75 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     /// Request counts and latencies.
     pub http_metrics: HttpMetrics,
+    /// Requests shed, timed out, panicked.
+    pub guard_metrics: GuardMetrics,
     /// The example's database.
     pub storage: Storage,
     /// The example's write-behind hit counters.
     pub hits: HitCounter,
+    /// Code → URL, so redirects need no database round trip.
+    pub links: LinkCache,
 }
 
-/// The whole application router.
-pub fn router(state: AppState) -> Router {
+/// The limits the router enforces, each answering with a clear JSON error.
+#[derive(Clone, Copy, Debug)]
+pub struct HttpLimits {
+    /// Largest request body, in bytes (413 past it).
+    pub max_body_bytes: usize,
+    /// Time to produce a response head (503 past it; the request's token
+    /// fires).
+    pub request_timeout: Duration,
+    /// Requests the API routes handle at once (503 with `Retry-After` past
+    /// it, at once; health, readiness and metrics are never shed).
+    pub max_concurrent_requests: usize,
+}
+
+/// The whole application router with its production middleware.
+pub fn router(state: AppState, limits: HttpLimits) -> Router {
+    let shed_metrics = state.guard_metrics.clone();
+    let api = links::routes()
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(move |error: BoxError| {
+                    let metrics = shed_metrics.clone();
+                    async move { middleware::shed(&metrics, &error) }
+                }))
+                .layer(LoadShedLayer::new())
+                .layer(GlobalConcurrencyLimitLayer::new(
+                    limits.max_concurrent_requests,
+                )),
+        );
+    let panic_metrics = state.guard_metrics.clone();
+    let timeout = middleware::Timeout {
+        after: limits.request_timeout,
+        metrics: state.guard_metrics.clone(),
+    };
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::render))
-        .merge(links::routes())
+        .merge(api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(
+        // Innermost first: the layers below wrap everything above them.
+        .layer(from_fn_with_state(timeout, middleware::timeout))
+        .layer(CatchPanicLayer::custom(move |panic| {
+            middleware::panic_response(&panic_metrics, panic)
+        }))
+        .layer(from_fn(middleware::json_errors))
+        .layer(from_fn_with_state(
             state.http_metrics.clone(),
             metrics::track,
         ))
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(middleware::request_span)
+                .on_response(middleware::on_response)
+                .on_failure(()),
+        )
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .with_state(state)
 }
 
@@ -84,6 +147,7 @@ async fn healthz() -> impl IntoResponse {
 async fn readyz(
     State(shutdown): State<Shutdown>,
     State(startup): State<Startup>,
+    State(storage): State<Storage>,
 ) -> impl IntoResponse {
     if shutdown.is_triggered() {
         (
@@ -94,6 +158,11 @@ async fn readyz(
         (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({ "status": "starting" })),
+        )
+    } else if !storage.is_healthy() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "database unavailable" })),
         )
     } else {
         (StatusCode::OK, Json(json!({ "status": "ready" })))

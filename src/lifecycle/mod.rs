@@ -36,7 +36,7 @@ mod workers;
 pub use metrics::LifecycleMetrics;
 pub use request::{RequestScope, Scoped};
 pub use serve::{
-    serve, DrainConfig, DrainOutcome, DrainReport, ACCEPT_ERROR_BACKOFF, FIRST_REQUEST_GRACE,
+    serve, DrainOutcome, DrainReport, ServeConfig, ACCEPT_ERROR_BACKOFF, FIRST_REQUEST_GRACE,
 };
 pub use shutdown::{Phase, Shutdown};
 pub use workers::{BoxError, Outcome, StopReport, Stopped, Workers};

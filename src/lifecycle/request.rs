@@ -4,13 +4,16 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::pin::pin;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use hyper::header::{HeaderValue, CONNECTION};
 use hyper::{Request, Response, Version};
 use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::Notify;
 use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -82,6 +85,10 @@ pub(crate) struct ConnState {
     /// Set once a response went out with `Connection: close`: the server,
     /// not the client, ended this connection.
     close_sent: AtomicBool,
+    /// Requests of this connection whose response head is not out yet.
+    in_flight: AtomicUsize,
+    /// Notified whenever a request of this connection starts or finishes.
+    activity: Notify,
     open: Gauge,
     metrics: LifecycleMetrics,
 }
@@ -95,6 +102,8 @@ impl ConnState {
             goaway: CancellationToken::new(),
             first_request: CancellationToken::new(),
             close_sent: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            activity: Notify::new(),
             open,
             metrics: metrics.clone(),
         }
@@ -138,6 +147,35 @@ impl ConnState {
     pub(crate) fn close_sent(&self) -> bool {
         self.close_sent.load(Ordering::Acquire)
     }
+
+    fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.activity.notify_waiters();
+    }
+
+    fn request_finished(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.activity.notify_waiters();
+    }
+
+    /// Resolves once no request of this connection has been in flight for
+    /// `timeout`.
+    pub(crate) async fn idle_for(&self, timeout: Duration) {
+        loop {
+            let activity = self.activity.notified();
+            let mut activity = pin!(activity);
+            // Registered before the check, so no change slips between.
+            activity.as_mut().enable();
+            if self.in_flight.load(Ordering::Acquire) > 0 {
+                activity.await;
+                continue;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(timeout) => return,
+                () = activity => {}
+            }
+        }
+    }
 }
 
 impl Drop for ConnState {
@@ -146,19 +184,25 @@ impl Drop for ConnState {
     }
 }
 
-/// Counts a request in flight; dropping it before [`InFlightGuard::complete`]
-/// counts the request as aborted.
+/// Counts a request in flight, for the server and for its connection;
+/// dropping it before [`InFlightGuard::complete`] counts the request as
+/// aborted.
 #[must_use = "dropping the guard ends the request's in-flight count"]
 struct InFlightGuard {
     metrics: LifecycleMetrics,
+    conn: Option<Arc<ConnState>>,
     completed: bool,
 }
 
 impl InFlightGuard {
-    fn start(metrics: &LifecycleMetrics) -> InFlightGuard {
+    fn start(metrics: &LifecycleMetrics, conn: Option<Arc<ConnState>>) -> InFlightGuard {
         metrics.requests_in_flight.inc();
+        if let Some(conn) = &conn {
+            conn.request_started();
+        }
         InFlightGuard {
             metrics: metrics.clone(),
+            conn,
             completed: false,
         }
     }
@@ -174,6 +218,9 @@ impl InFlightGuard {
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         self.metrics.requests_in_flight.dec();
+        if let Some(conn) = &self.conn {
+            conn.request_finished();
+        }
         if !self.completed {
             self.metrics.requests_aborted.inc();
         }
@@ -244,7 +291,7 @@ where
                 token: token.clone(),
                 tracker: shutdown.tracker().clone(),
             });
-            let in_flight = InFlightGuard::start(shutdown.metrics());
+            let in_flight = InFlightGuard::start(shutdown.metrics(), conn.clone());
             // Fires the request's token if hyper drops this future first.
             let cancel_on_drop = token.drop_guard();
 

@@ -13,6 +13,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -38,9 +39,10 @@ pub const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
 /// listener stops; more than any kernel backlog holds.
 const MAX_BACKLOG_DRAIN: usize = 65_536;
 
-/// The two periods of the shutdown timeline that the operator chooses.
+/// How connections are served and how the server shuts down; every field
+/// is an operator's choice (see `ServerConfig` for the flags).
 #[derive(Clone, Copy, Debug)]
-pub struct DrainConfig {
+pub struct ServeConfig {
     /// Lame-duck period: how long the server keeps accepting after the
     /// signal, so that a load balancer which has not yet seen readiness turn
     /// false still reaches a server that answers.
@@ -48,6 +50,30 @@ pub struct DrainConfig {
     /// How long in-flight work may take after the listener closes before its
     /// cancellation tokens fire.
     pub shutdown_timeout: Duration,
+    /// Most connections open at once; at the limit the accept loop waits
+    /// (the kernel backlog queues, then refuses) instead of failing.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers (HTTP/1), so
+    /// that slow-header clients (slowloris) cannot hold connections.
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed
+    /// gracefully (HTTP/1 keep-alive and HTTP/2 alike).
+    pub idle_timeout: Duration,
+    /// Most concurrent streams on one HTTP/2 connection.
+    pub h2_max_concurrent_streams: u32,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            drain_delay: Duration::ZERO,
+            shutdown_timeout: Duration::from_secs(20),
+            max_connections: 10_000,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            h2_max_concurrent_streams: 256,
+        }
+    }
 }
 
 /// How the drain ended.
@@ -92,7 +118,7 @@ pub struct DrainReport {
 
 /// Serves HTTP/1.1 and HTTP/2 (cleartext, prior knowledge) on `listener`
 /// with `service` until `shutdown` is triggered, then runs the lame-duck
-/// period and the drain of [`DrainConfig`]. Resolves when the last
+/// period and the drain of [`ServeConfig`]. Resolves when the last
 /// connection has closed, or when the deadline or a forced shutdown gave up
 /// on the rest.
 ///
@@ -103,7 +129,7 @@ pub async fn serve<S, B>(
     listener: TcpListener,
     service: S,
     shutdown: Shutdown,
-    config: DrainConfig,
+    config: ServeConfig,
 ) -> DrainReport
 where
     S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
@@ -116,9 +142,11 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let connections = Connections {
-        builder: connection_builder(shutdown.tracker().clone()),
+        builder: connection_builder(shutdown.tracker().clone(), &config),
         service,
         shutdown: shutdown.clone(),
+        limit: Arc::new(Semaphore::new(config.max_connections)),
+        idle_timeout: config.idle_timeout,
     };
     match listener.local_addr() {
         Ok(addr) => info!("listening on http://{addr}"),
@@ -227,15 +255,20 @@ fn connections_open(shutdown: &Shutdown) -> i64 {
     shutdown.metrics().connections_open_total()
 }
 
-/// Accepts connections until `stop` is cancelled. Errors are absorbed: the
-/// loop never ends on its own.
+/// Accepts connections until `stop` is cancelled. At the connection limit
+/// it waits for a connection to close before accepting the next. Errors are
+/// absorbed: the loop never ends on its own.
 async fn accept_until<S>(listener: &TcpListener, stop: &CancellationToken, connections: &S)
 where
     S: SpawnConnection,
 {
-    while let Some(accepted) = stop.run_until_cancelled(listener.accept()).await {
+    let accept = || async {
+        let permit = connections.permit().await;
+        (listener.accept().await, permit)
+    };
+    while let Some((accepted, permit)) = stop.run_until_cancelled(accept()).await {
         match accepted {
-            Ok((stream, peer)) => connections.spawn(stream, peer),
+            Ok((stream, peer)) => connections.spawn(stream, peer, permit),
             Err(error) if is_connection_error(&error) => {
                 debug!(%error, "connection failed before it was accepted");
             }
@@ -271,7 +304,8 @@ fn accept_backlog<S: SpawnConnection>(listener: TcpListener, connections: &S) ->
                     .and_then(|()| TcpStream::from_std(stream));
                 match stream {
                     Ok(stream) => {
-                        connections.spawn(stream, peer);
+                        // Already waiting: served even past the limit.
+                        connections.spawn(stream, peer, connections.try_permit());
                         accepted += 1;
                     }
                     Err(error) => warn!(%error, %peer, "dropping a connection from the backlog"),
@@ -298,11 +332,19 @@ fn is_connection_error(error: &io::Error) -> bool {
     )
 }
 
-fn connection_builder(tracker: TaskTracker) -> auto::Builder<TrackedExecutor> {
+fn connection_builder(
+    tracker: TaskTracker,
+    config: &ServeConfig,
+) -> auto::Builder<TrackedExecutor> {
     let mut builder = auto::Builder::new(TrackedExecutor(tracker));
-    // The timer enables hyper's HTTP/1 header read timeout (30 s by default).
-    builder.http1().timer(TokioTimer::new());
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(config.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(config.h2_max_concurrent_streams);
     builder
 }
 
@@ -328,11 +370,20 @@ struct Connections<S> {
     builder: auto::Builder<TrackedExecutor>,
     service: S,
     shutdown: Shutdown,
+    /// One permit per open connection.
+    limit: Arc<Semaphore>,
+    idle_timeout: Duration,
 }
 
 trait SpawnConnection {
-    fn spawn(&self, stream: TcpStream, peer: SocketAddr);
+    /// Serves `stream` on a tracked task that holds `permit` until the
+    /// connection closes.
+    fn spawn(&self, stream: TcpStream, peer: SocketAddr, permit: Option<OwnedSemaphorePermit>);
     fn metrics(&self) -> &super::LifecycleMetrics;
+    /// Waits for room under the connection limit.
+    async fn permit(&self) -> Option<OwnedSemaphorePermit>;
+    /// Room under the connection limit, if there is any now.
+    fn try_permit(&self) -> Option<OwnedSemaphorePermit>;
 }
 
 impl<S, B> SpawnConnection for Connections<S>
@@ -350,7 +401,16 @@ where
         self.shutdown.metrics()
     }
 
-    fn spawn(&self, stream: TcpStream, peer: SocketAddr) {
+    async fn permit(&self) -> Option<OwnedSemaphorePermit> {
+        // The semaphore is never closed.
+        Arc::clone(&self.limit).acquire_owned().await.ok()
+    }
+
+    fn try_permit(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.limit).try_acquire_owned().ok()
+    }
+
+    fn spawn(&self, stream: TcpStream, peer: SocketAddr, permit: Option<OwnedSemaphorePermit>) {
         if let Err(error) = stream.set_nodelay(true) {
             debug!(%error, %peer, "could not set TCP_NODELAY");
         }
@@ -362,7 +422,9 @@ where
         );
         let builder = self.builder.clone();
         let shutdown = self.shutdown.clone();
+        let idle_timeout = self.idle_timeout;
         self.shutdown.tracker().spawn(async move {
+            let _permit = permit;
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
             let mut connection = pin!(connection);
             let mut asked_to_close = false;
@@ -377,6 +439,8 @@ where
                 }
             };
             let mut drain_reached = pin!(drain_reached);
+            let idle = conn.idle_for(idle_timeout);
+            let mut idle = pin!(idle);
             let closed_by = loop {
                 tokio::select! {
                     result = connection.as_mut() => {
@@ -406,6 +470,11 @@ where
                         connection.as_mut().graceful_shutdown();
                         asked_to_close = true;
                     }
+                    () = &mut idle, if !asked_to_close => {
+                        debug!(%peer, "closing an idle connection");
+                        connection.as_mut().graceful_shutdown();
+                        asked_to_close = true;
+                    }
                     () = shutdown.abandoned() => break ClosedBy::abandoned,
                 }
             };
@@ -430,12 +499,25 @@ mod tests {
     }
 
     impl SpawnConnection for Collect {
-        fn spawn(&self, stream: TcpStream, _peer: SocketAddr) {
+        fn spawn(
+            &self,
+            stream: TcpStream,
+            _peer: SocketAddr,
+            _permit: Option<OwnedSemaphorePermit>,
+        ) {
             self.streams.lock().expect("not poisoned").push(stream);
         }
 
         fn metrics(&self) -> &LifecycleMetrics {
             &self.metrics
+        }
+
+        async fn permit(&self) -> Option<OwnedSemaphorePermit> {
+            None
+        }
+
+        fn try_permit(&self) -> Option<OwnedSemaphorePermit> {
+            None
         }
     }
 

@@ -4,6 +4,7 @@
 //! a task tracked by the lifecycle ([`RequestScope::run`]), so a client that
 //! hangs up cancels it through its token instead of dropping it mid-query.
 
+pub mod cache;
 pub mod hits;
 pub mod spill;
 pub mod validate;
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::http::{ApiError, AppState};
 use crate::lifecycle::RequestScope;
 use crate::storage::{Storage, StorageError, StoredLink};
+use cache::LinkCache;
 use hits::HitCounter;
 
 /// How many times a generated code is retried after a collision.
@@ -72,7 +74,7 @@ impl From<StorageError> for ApiError {
         match error {
             StorageError::Conflict => ApiError::Conflict("code is already taken".to_owned()),
             StorageError::Cancelled => ApiError::Cancelled,
-            StorageError::Unavailable(_) => {
+            StorageError::Unavailable(_) | StorageError::Down => {
                 ApiError::Unavailable("the database is unavailable; retry later".to_owned())
             }
             other => ApiError::Internal(Box::new(other)),
@@ -82,6 +84,7 @@ impl From<StorageError> for ApiError {
 
 async fn create(
     State(storage): State<Storage>,
+    State(cache): State<LinkCache>,
     Extension(scope): Extension<RequestScope>,
     payload: Result<Json<CreateLink>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -121,6 +124,7 @@ async fn create(
         .await
         .map_err(|error| ApiError::Internal(Box::new(error)))??;
 
+    cache.insert(&link.code, &link.url);
     let location = format!("/api/links/{}", link.code);
     let body = LinkCreated {
         code: link.code,
@@ -147,19 +151,27 @@ async fn show(
     }))
 }
 
-/// The hot path: one lookup and an in-memory count; the write happens later,
-/// batched, in the flusher.
+/// The hot path: a cache lookup and an in-memory count; the database is
+/// read only on a cache miss and written later, batched, by the flusher.
 async fn redirect(
     State(storage): State<Storage>,
     State(hits): State<HitCounter>,
+    State(cache): State<LinkCache>,
     Path(code): Path<String>,
 ) -> Result<Redirect, ApiError> {
-    let link = storage
-        .find_link(&code)
-        .await?
-        .ok_or_else(|| not_found(&code))?;
-    hits.record(&link.code);
-    Ok(Redirect::temporary(&link.url))
+    let url = match cache.get(&code) {
+        Some(url) => url,
+        None => {
+            let link = storage
+                .find_link(&code)
+                .await?
+                .ok_or_else(|| not_found(&code))?;
+            cache.insert(&link.code, &link.url);
+            link.url.into()
+        }
+    };
+    hits.record(&code);
+    Ok(Redirect::temporary(&url))
 }
 
 fn not_found(code: &str) -> ApiError {

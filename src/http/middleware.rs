@@ -1,0 +1,174 @@
+//! The production middleware around the router: limits that answer clearly,
+//! panics and timeouts turned into JSON errors, request ids and spans.
+
+use std::any::Any;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderValue, Response, StatusCode};
+use axum::middleware::Next;
+use axum::response::IntoResponse;
+use axum::BoxError;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use tracing::Span;
+
+use super::ApiError;
+use crate::lifecycle::RequestScope;
+
+/// Counters of requests the middleware answered itself.
+#[derive(Clone, Debug, Default)]
+pub struct GuardMetrics {
+    shed: Counter,
+    timeouts: Counter,
+    panics: Counter,
+}
+
+impl GuardMetrics {
+    /// Registers the series.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "requests_shed",
+            "Requests refused at once with 503 because the concurrency limit was reached",
+            self.shed.clone(),
+        );
+        registry.register(
+            "requests_timed_out",
+            "Requests that did not produce a response within the request timeout",
+            self.timeouts.clone(),
+        );
+        registry.register(
+            "handler_panics",
+            "Handlers that panicked (answered 500)",
+            self.panics.clone(),
+        );
+    }
+}
+
+/// State of the timeout middleware.
+#[derive(Clone, Debug)]
+pub struct Timeout {
+    /// The request timeout.
+    pub after: Duration,
+    /// Where timeouts are counted.
+    pub metrics: GuardMetrics,
+}
+
+/// Answers 503 if the response head is not ready within the request
+/// timeout, and fires the request's cancellation token so that work running
+/// on its behalf (a transaction on a tracked task) cleans up.
+pub async fn timeout(
+    State(timeout): State<Timeout>,
+    request: Request,
+    next: Next,
+) -> Response<Body> {
+    let scope = request.extensions().get::<RequestScope>().cloned();
+    match tokio::time::timeout(timeout.after, next.run(request)).await {
+        Ok(response) => response,
+        Err(_elapsed) => {
+            if let Some(scope) = scope {
+                scope.token().cancel();
+            }
+            timeout.metrics.timeouts.inc();
+            ApiError::Unavailable(format!("request timed out after {:?}", timeout.after))
+                .into_response()
+        }
+    }
+}
+
+/// The answer to a request shed by the concurrency limit: 503 at once, with
+/// a hint to retry.
+pub fn shed(metrics: &GuardMetrics, error: &BoxError) -> Response<Body> {
+    if error.is::<tower::load_shed::error::Overloaded>() {
+        metrics.shed.inc();
+        let mut response = ApiError::Unavailable("server is at capacity; retry shortly".to_owned())
+            .into_response();
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        response
+    } else {
+        ApiError::Internal(format!("unexpected middleware error: {error}").into()).into_response()
+    }
+}
+
+/// The answer to a panicking handler: 500 with a JSON body that says
+/// nothing of the panic (it is logged).
+pub fn panic_response(
+    metrics: &GuardMetrics,
+    panic: Box<dyn Any + Send + 'static>,
+) -> Response<Body> {
+    metrics.panics.inc();
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    tracing::error!(panic = %message, "handler panicked");
+    ApiError::Internal("handler panicked".into()).into_response()
+}
+
+/// Gives every error answer a JSON body: rejections from axum's extractors
+/// and tower's layers come as plain text; clients get `{"error": ...}`
+/// everywhere.
+pub async fn json_errors(request: Request, next: Next) -> Response<Body> {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let detail = match axum::body::to_bytes(body, 1024).await {
+        Ok(bytes) if !bytes.is_empty() => String::from_utf8_lossy(&bytes).trim().to_owned(),
+        _ => status.canonical_reason().unwrap_or("error").to_lowercase(),
+    };
+    let body = serde_json::json!({ "error": detail }).to_string();
+    parts
+        .headers
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body))
+}
+
+/// The span of one request: method, route template, request id; status and
+/// latency are recorded when the response head is ready.
+pub fn request_span(request: &Request) -> Span {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str);
+    let request_id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("");
+    tracing::info_span!(
+        "request",
+        method = %request.method(),
+        route,
+        request_id,
+        status = tracing::field::Empty,
+        latency_ms = tracing::field::Empty,
+    )
+}
+
+/// Records the status and latency on the request's span; the completion
+/// event is at debug level, so per-request lines cost nothing unless asked
+/// for (`RUST_LOG=lameduck::http=debug`).
+pub fn on_response(response: &Response<Body>, latency: Duration, span: &Span) {
+    let status = response.status().as_u16();
+    span.record("status", status);
+    span.record("latency_ms", latency.as_secs_f64() * 1000.0);
+    if response.status() == StatusCode::INTERNAL_SERVER_ERROR {
+        tracing::warn!(status, ?latency, "request failed");
+    } else {
+        tracing::debug!(status, ?latency, "request finished");
+    }
+}

@@ -1,0 +1,81 @@
+//! A bounded in-memory cache of code → URL. Links never change once
+//! created, so a cached redirect needs no database at all: it keeps
+//! redirecting (and counting hits) while the database is away.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, PoisonError};
+
+const SHARDS: usize = 32;
+
+/// Entries per shard; past it an arbitrary entry makes room.
+const SHARD_CAPACITY: usize = 4096;
+
+/// The cache. Cloning shares it.
+#[derive(Clone, Debug)]
+pub struct LinkCache {
+    shards: Arc<[Mutex<HashMap<Box<str>, Arc<str>>>]>,
+    hasher: RandomState,
+}
+
+impl Default for LinkCache {
+    fn default() -> Self {
+        LinkCache {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+}
+
+impl LinkCache {
+    fn shard(&self, code: &str) -> &Mutex<HashMap<Box<str>, Arc<str>>> {
+        let index = usize::try_from(self.hasher.hash_one(code)).unwrap_or_default() % SHARDS;
+        &self.shards[index]
+    }
+
+    /// The URL of `code`, if cached.
+    pub fn get(&self, code: &str) -> Option<Arc<str>> {
+        self.shard(code)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(code)
+            .cloned()
+    }
+
+    /// Remembers `code` → `url`.
+    pub fn insert(&self, code: &str, url: &str) {
+        let mut shard = self
+            .shard(code)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if shard.len() >= SHARD_CAPACITY && !shard.contains_key(code) {
+            if let Some(victim) = shard.keys().next().cloned() {
+                shard.remove(&victim);
+            }
+        }
+        shard.insert(code.into(), url.into());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembers_and_stays_bounded() {
+        let cache = LinkCache::default();
+        cache.insert("abc", "https://example.com/");
+        assert_eq!(cache.get("abc").as_deref(), Some("https://example.com/"));
+        assert_eq!(cache.get("xyz"), None);
+        for i in 0..(SHARDS * SHARD_CAPACITY * 2) {
+            cache.insert(&format!("code{i}"), "https://example.com/");
+        }
+        let entries: usize = cache
+            .shards
+            .iter()
+            .map(|s| s.lock().expect("lock").len())
+            .sum();
+        assert!(entries <= SHARDS * SHARD_CAPACITY);
+    }
+}

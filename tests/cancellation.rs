@@ -19,7 +19,7 @@ use hyper::body::Bytes;
 use hyper::service::Service as _;
 use hyper::Request;
 use lameduck::config::{Cli, Command, ServerConfig};
-use lameduck::lifecycle::{self, DrainConfig, LifecycleMetrics, Scoped, Shutdown};
+use lameduck::lifecycle::{self, LifecycleMetrics, Scoped, ServeConfig, Shutdown};
 use lameduck::storage::{Storage, StoredLink};
 use lameduck::App;
 use sqlx::postgres::PgPoolOptions;
@@ -329,9 +329,10 @@ async fn without_the_guard_the_same_scenario_leaves_the_bad_state_the_test_detec
         .route("/unguarded", post(unguarded_create))
         .with_state(parts.storage.clone())
         .merge(parts.router);
-    let config = DrainConfig {
+    let config = ServeConfig {
         drain_delay: Duration::ZERO,
         shutdown_timeout: Duration::from_secs(5),
+        ..ServeConfig::default()
     };
     let serving = tokio::spawn(lifecycle::serve(
         parts.listener,

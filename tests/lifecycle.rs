@@ -12,7 +12,7 @@ use hyper::body::Bytes;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use lameduck::lifecycle::{
-    serve, DrainConfig, DrainOutcome, DrainReport, LifecycleMetrics, RequestScope, Shutdown,
+    serve, DrainOutcome, DrainReport, LifecycleMetrics, RequestScope, ServeConfig, Shutdown,
 };
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Notify};
@@ -60,7 +60,7 @@ async fn until_cancelled(
     "cancelled"
 }
 
-async fn start(config: DrainConfig) -> Harness {
+async fn start(config: ServeConfig) -> Harness {
     let (entered_tx, entered) = mpsc::unbounded_channel();
     let (cleaned_tx, cleaned_up) = mpsc::unbounded_channel();
     let release = Arc::new(Notify::new());
@@ -112,9 +112,10 @@ const LONG: Duration = Duration::from_secs(3600);
 // already running, and answers it with `Connection: close`.
 #[tokio::test(start_paused = true)]
 async fn inflight_request_completes_after_shutdown_and_serve_resolves_only_afterwards() {
-    let mut harness = start(DrainConfig {
+    let mut harness = start(ServeConfig {
         drain_delay: Duration::ZERO,
         shutdown_timeout: LONG,
+        ..ServeConfig::default()
     })
     .await;
     let mut client = connect(harness.addr).await;
@@ -152,9 +153,10 @@ async fn inflight_request_completes_after_shutdown_and_serve_resolves_only_after
 // clean up, and the drain reports the deadline rather than hanging.
 #[tokio::test(start_paused = true)]
 async fn the_deadline_fires_request_tokens_lets_cleanup_run_and_reports_it() {
-    let mut harness = start(DrainConfig {
+    let mut harness = start(ServeConfig {
         drain_delay: Duration::ZERO,
         shutdown_timeout: Duration::from_secs(5),
+        ..ServeConfig::default()
     })
     .await;
     let mut client = connect(harness.addr).await;
@@ -175,9 +177,10 @@ async fn the_deadline_fires_request_tokens_lets_cleanup_run_and_reports_it() {
 // token, and the cleanup on the tracked task still runs to its end.
 #[tokio::test]
 async fn a_client_that_hangs_up_cancels_its_request_and_cleanup_runs() {
-    let mut harness = start(DrainConfig {
+    let mut harness = start(ServeConfig {
         drain_delay: Duration::ZERO,
         shutdown_timeout: LONG,
+        ..ServeConfig::default()
     })
     .await;
     let mut stream = TcpStream::connect(harness.addr).await.expect("connect");
@@ -207,9 +210,10 @@ async fn a_client_that_hangs_up_cancels_its_request_and_cleanup_runs() {
 // signal (a balancer may not have noticed yet), but tells them to close.
 #[tokio::test(start_paused = true)]
 async fn during_the_drain_delay_new_connections_are_served_and_told_to_close() {
-    let harness = start(DrainConfig {
+    let harness = start(ServeConfig {
         drain_delay: Duration::from_secs(5),
         shutdown_timeout: LONG,
+        ..ServeConfig::default()
     })
     .await;
     let mut idle = connect(harness.addr).await;
@@ -239,9 +243,10 @@ async fn during_the_drain_delay_new_connections_are_served_and_told_to_close() {
 // An idle server with no drain delay stops at once: no polling interval.
 #[tokio::test(start_paused = true)]
 async fn an_idle_server_finishes_the_drain_without_waiting() {
-    let harness = start(DrainConfig {
+    let harness = start(ServeConfig {
         drain_delay: Duration::ZERO,
         shutdown_timeout: LONG,
+        ..ServeConfig::default()
     })
     .await;
     let mut idle = connect(harness.addr).await;
@@ -258,9 +263,10 @@ async fn an_idle_server_finishes_the_drain_without_waiting() {
 // A forced shutdown (second signal) does not wait for anything.
 #[tokio::test(start_paused = true)]
 async fn force_abandons_inflight_work_at_once() {
-    let mut harness = start(DrainConfig {
+    let mut harness = start(ServeConfig {
         drain_delay: Duration::from_secs(30),
         shutdown_timeout: LONG,
+        ..ServeConfig::default()
     })
     .await;
     let mut client = connect(harness.addr).await;

@@ -12,10 +12,12 @@ const SHARDS: usize = 32;
 /// Entries per shard; past it an arbitrary entry makes room.
 const SHARD_CAPACITY: usize = 4096;
 
+type Shard = Mutex<HashMap<Box<str>, Arc<str>>>;
+
 /// The cache. Cloning shares it.
 #[derive(Clone, Debug)]
 pub struct LinkCache {
-    shards: Arc<[Mutex<HashMap<Box<str>, Arc<str>>>]>,
+    shards: Arc<[Shard]>,
     hasher: RandomState,
 }
 
@@ -29,7 +31,7 @@ impl Default for LinkCache {
 }
 
 impl LinkCache {
-    fn shard(&self, code: &str) -> &Mutex<HashMap<Box<str>, Arc<str>>> {
+    fn shard(&self, code: &str) -> &Shard {
         let index = usize::try_from(self.hasher.hash_one(code)).unwrap_or_default() % SHARDS;
         &self.shards[index]
     }

@@ -90,9 +90,23 @@ pub struct HttpLimits {
 
 /// The whole application router with its production middleware.
 pub fn router(state: AppState, limits: HttpLimits) -> Router {
+    let api = limited(links::routes(), &state, limits);
+    with_middleware(operational_routes().merge(api), state, limits)
+}
+
+/// Liveness, readiness and metrics: never shed, never body-limited.
+pub fn operational_routes() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics::render))
+}
+
+/// Puts API routes under the body limit and the shared concurrency limit
+/// (shedding past it).
+pub fn limited(api: Router<AppState>, state: &AppState, limits: HttpLimits) -> Router<AppState> {
     let shed_metrics = state.guard_metrics.clone();
-    let api = links::routes()
-        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+    api.layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(
             ServiceBuilder::new()
                 .layer(HandleErrorLayer::new(move |error: BoxError| {
@@ -103,20 +117,22 @@ pub fn router(state: AppState, limits: HttpLimits) -> Router {
                 .layer(GlobalConcurrencyLimitLayer::new(
                     limits.max_concurrent_requests,
                 )),
-        );
+        )
+}
+
+/// Wraps `routes` in the middleware every request goes through: JSON 404
+/// and 405, request timeout, panic catching, JSON error bodies, metrics,
+/// request ids and the request span.
+pub fn with_middleware(routes: Router<AppState>, state: AppState, limits: HttpLimits) -> Router {
     let panic_metrics = state.guard_metrics.clone();
     let timeout = middleware::Timeout {
         after: limits.request_timeout,
         metrics: state.guard_metrics.clone(),
     };
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics::render))
-        .merge(api)
+    routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        // Innermost first: the layers below wrap everything above them.
+        // Innermost first: each layer wraps everything above it.
         .layer(from_fn_with_state(timeout, middleware::timeout))
         .layer(CatchPanicLayer::custom(move |panic| {
             middleware::panic_response(&panic_metrics, panic)

@@ -1,0 +1,418 @@
+//! The example API in process: every route and validation error, property
+//! tests of the input rules and the JSON handler, and a panicking handler —
+//! through the real router and middleware, on a fresh SQLite database.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::service::Service as _;
+use hyper::{Request, StatusCode};
+use lameduck::http::{self, AppState, GuardMetrics, HttpLimits, HttpMetrics, Startup};
+use lameduck::lifecycle::{LifecycleMetrics, Scoped, Shutdown};
+use lameduck::links::cache::LinkCache;
+use lameduck::links::hits::HitCounter;
+use lameduck::links::{self, validate};
+use lameduck::storage::{Storage, StorageMetrics};
+use prometheus_client::registry::Registry;
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+const LIMITS: HttpLimits = HttpLimits {
+    max_body_bytes: 4096,
+    request_timeout: Duration::from_secs(10),
+    max_concurrent_requests: 64,
+};
+
+/// The app's router on a fresh SQLite database, behind the lifecycle's
+/// per-request scope, plus a route that panics.
+struct TestApp {
+    service: Scoped<Router>,
+    _data: TempDir,
+}
+
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    headers: hyper::HeaderMap,
+    body: Value,
+}
+
+impl TestApp {
+    async fn new() -> TestApp {
+        let data = TempDir::new().expect("tempdir");
+        let shutdown = Shutdown::new(LifecycleMetrics::default());
+        let mut registry = Registry::with_prefix("lameduck");
+        let guard_metrics = GuardMetrics::default();
+        guard_metrics.register(&mut registry);
+        let storage = Storage::open(None, data.path(), 4, StorageMetrics::default())
+            .await
+            .expect("storage");
+        let startup = Startup::default();
+        startup.complete();
+        let state = AppState {
+            shutdown: shutdown.clone(),
+            startup,
+            registry: Arc::new(registry),
+            http_metrics: HttpMetrics::default(),
+            guard_metrics,
+            storage,
+            hits: HitCounter::default(),
+            links: LinkCache::default(),
+        };
+        let api = links::routes().route(
+            "/api/boom",
+            get(|| async {
+                panic!("secret internals: password=hunter2");
+                #[allow(unreachable_code)]
+                ""
+            }),
+        );
+        let routes = http::operational_routes().merge(http::limited(api, &state, LIMITS));
+        let router = http::with_middleware(routes, state, LIMITS);
+        TestApp {
+            service: Scoped::new(router, shutdown),
+            _data: data,
+        }
+    }
+
+    async fn send(&self, request: Request<Full<Bytes>>) -> Answer {
+        let response = self.service.call(request).await.expect("infallible");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    async fn get(&self, path: &str) -> Answer {
+        self.send(Request::get(path).body(Full::default()).expect("request"))
+            .await
+    }
+
+    async fn post_raw(&self, content_type: Option<&str>, body: impl Into<Bytes>) -> Answer {
+        let mut request = Request::post("/api/links");
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        self.send(request.body(Full::new(body.into())).expect("request"))
+            .await
+    }
+
+    async fn create(&self, body: Value) -> Answer {
+        self.post_raw(Some("application/json"), body.to_string())
+            .await
+    }
+}
+
+/// Every error is JSON with a non-empty message.
+fn assert_json_error(answer: &Answer, status: StatusCode, mentions: &str) {
+    assert_eq!(answer.status, status, "{answer:?}");
+    let message = answer.body["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("JSON error body: {answer:?}"));
+    assert!(
+        message.contains(mentions),
+        "{message:?} should mention {mentions:?}"
+    );
+}
+
+#[tokio::test]
+async fn creating_redirecting_and_reading_a_link() {
+    let app = TestApp::new().await;
+    let created = app
+        .create(json!({ "url": "https://example.com/a?b=c", "code": "hello" }))
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    assert_eq!(created.body["code"], "hello");
+    assert_eq!(created.body["url"], "https://example.com/a?b=c");
+    assert!(created.body["created_at"]
+        .as_str()
+        .is_some_and(|t| t.ends_with('Z')));
+    assert_eq!(created.headers["location"], "/api/links/hello");
+
+    for _ in 0..3 {
+        let redirect = app.get("/hello").await;
+        assert_eq!(redirect.status, StatusCode::TEMPORARY_REDIRECT);
+        assert_eq!(redirect.headers["location"], "https://example.com/a?b=c");
+    }
+    let info = app.get("/api/links/hello").await;
+    assert_eq!(info.status, StatusCode::OK);
+    assert_eq!(info.body["hits"], 3, "pending hits are included");
+    assert_eq!(info.body["created_at"], created.body["created_at"]);
+}
+
+#[tokio::test]
+async fn generated_codes_are_valid_and_distinct() {
+    let app = TestApp::new().await;
+    let mut codes = std::collections::HashSet::new();
+    for _ in 0..20 {
+        let created = app.create(json!({ "url": "https://example.com/" })).await;
+        assert_eq!(created.status, StatusCode::CREATED);
+        let code = created.body["code"].as_str().expect("code").to_owned();
+        assert!(validate::code(&code).is_ok(), "{code}");
+        assert!(codes.insert(code));
+    }
+}
+
+#[tokio::test]
+async fn every_validation_error_is_a_clear_json_4xx() {
+    let app = TestApp::new().await;
+    assert_eq!(
+        app.create(json!({ "url": "https://example.com/", "code": "taken" }))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+
+    let cases = [
+        (
+            json!({ "url": "https://example.com/", "code": "taken" }),
+            StatusCode::CONFLICT,
+            "taken",
+        ),
+        (
+            json!({ "url": "ftp://example.com/" }),
+            StatusCode::BAD_REQUEST,
+            "http or https",
+        ),
+        (
+            json!({ "url": "/relative" }),
+            StatusCode::BAD_REQUEST,
+            "absolute",
+        ),
+        (
+            json!({ "url": format!("https://example.com/{}", "a".repeat(2048)) }),
+            StatusCode::BAD_REQUEST,
+            "2048",
+        ),
+        (
+            json!({ "url": "https://example.com/", "code": "no" }),
+            StatusCode::BAD_REQUEST,
+            "3 to 32",
+        ),
+        (
+            json!({ "url": "https://example.com/", "code": "bad code!" }),
+            StatusCode::BAD_REQUEST,
+            "3 to 32",
+        ),
+        (
+            json!({ "url": "https://example.com/", "code": "healthz" }),
+            StatusCode::BAD_REQUEST,
+            "reserved",
+        ),
+        (json!({ "code": "abc" }), StatusCode::BAD_REQUEST, "url"),
+        (json!({ "url": 42 }), StatusCode::BAD_REQUEST, "url"),
+        (
+            json!({ "url": "https://example.com/", "extra": true }),
+            StatusCode::BAD_REQUEST,
+            "extra",
+        ),
+    ];
+    for (body, status, mentions) in cases {
+        let answer = app.create(body.clone()).await;
+        assert_json_error(&answer, status, mentions);
+    }
+    assert_json_error(
+        &app.post_raw(Some("application/json"), "{not json").await,
+        StatusCode::BAD_REQUEST,
+        "invalid JSON",
+    );
+    assert_json_error(
+        &app.post_raw(None, "{}").await,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "content-type",
+    );
+    assert_json_error(
+        &app.post_raw(Some("text/plain"), "{}").await,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "content-type",
+    );
+    assert_json_error(
+        &app.post_raw(
+            Some("application/json"),
+            &b"{\"url\":\"https://example.com/\xff\"}"[..],
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+        "",
+    );
+    assert_json_error(
+        &app.post_raw(Some("application/json"), "x".repeat(8192))
+            .await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "",
+    );
+    assert_json_error(&app.get("/unknown").await, StatusCode::NOT_FOUND, "no link");
+    assert_json_error(
+        &app.get("/api/links/unknown").await,
+        StatusCode::NOT_FOUND,
+        "no link",
+    );
+    assert_json_error(
+        &app.get("/no/such/route").await,
+        StatusCode::NOT_FOUND,
+        "no such route",
+    );
+    assert_json_error(
+        &app.get("/api/links/%FF%FE").await,
+        StatusCode::BAD_REQUEST,
+        "",
+    );
+    let delete = app
+        .send(
+            Request::delete("/api/links")
+                .body(Full::default())
+                .expect("request"),
+        )
+        .await;
+    assert_json_error(&delete, StatusCode::METHOD_NOT_ALLOWED, "method");
+    // Nothing but the one valid link was stored.
+    assert_eq!(app.get("/api/links/taken").await.status, StatusCode::OK);
+}
+
+// A panicking handler answers 500 with a JSON body that leaks nothing, is
+// counted, and the service goes on serving.
+#[tokio::test]
+async fn a_panicking_handler_answers_500_without_internals_and_is_counted() {
+    let app = TestApp::new().await;
+    let answer = app.get("/api/boom").await;
+    assert_json_error(&answer, StatusCode::INTERNAL_SERVER_ERROR, "internal error");
+    assert!(!answer.body.to_string().contains("hunter2"), "{answer:?}");
+    let metrics = app.get("/metrics").await;
+    let text = metrics.body.as_str().expect("metrics text");
+    assert!(text.contains("lameduck_handler_panics_total 1"), "{text}");
+    assert_eq!(app.get("/healthz").await.status, StatusCode::OK);
+    assert_eq!(
+        app.create(json!({ "url": "https://example.com/" }))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    // The code rule is exactly [A-Za-z0-9_-]{3,32}, minus reserved words.
+    #[test]
+    fn code_validation_matches_the_pattern(code in "\\PC{0,40}") {
+        let expected = (3..=32).contains(&code.len())
+            && code.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            && !["api", "healthz", "readyz", "metrics"].contains(&code.as_str());
+        prop_assert_eq!(validate::code(&code).is_ok(), expected);
+    }
+
+    #[test]
+    fn valid_codes_are_accepted(code in "[A-Za-z0-9_-]{3,32}") {
+        prop_assume!(!["api", "healthz", "readyz", "metrics"].contains(&code.as_str()));
+        prop_assert_eq!(validate::code(&code), Ok(code.clone()));
+    }
+
+    // Accepted URLs are absolute http(s) URLs of at most 2048 bytes; the
+    // rule never panics on any input.
+    #[test]
+    fn url_validation_accepts_only_short_absolute_http_urls(url in "\\PC{0,64}|(https?|ftp|file)://[a-z0-9.]{0,20}(/[^ ]{0,30})?") {
+        if let Ok(accepted) = validate::url(&url) {
+            prop_assert!(accepted.len() <= validate::MAX_URL_BYTES);
+            let parsed = url::Url::parse(&accepted).expect("accepted URLs parse");
+            prop_assert!(matches!(parsed.scheme(), "http" | "https"));
+            prop_assert!(parsed.host_str().is_some_and(|h| !h.is_empty()));
+        }
+    }
+}
+
+/// Arbitrary JSON values, biased towards the shape of a real request.
+fn json_body() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        "\\PC{0,40}".prop_map(Value::String),
+        "https?://[a-z]{1,10}\\.[a-z]{2,3}/[a-z0-9]{0,10}".prop_map(Value::String),
+        "[A-Za-z0-9_-]{0,40}".prop_map(Value::String),
+    ];
+    let request = (
+        proptest::option::of(leaf.clone()),
+        proptest::option::of(leaf.clone()),
+        proptest::option::of(leaf.clone()),
+    )
+        .prop_map(|(url, code, extra)| {
+            let mut object = serde_json::Map::new();
+            if let Some(url) = url {
+                object.insert("url".into(), url);
+            }
+            if let Some(code) = code {
+                object.insert("code".into(), code);
+            }
+            if let Some(extra) = extra {
+                object.insert("note".into(), extra);
+            }
+            Value::Object(object)
+        });
+    prop_oneof![request, leaf]
+}
+
+// Whatever JSON arrives, the handler answers 201 exactly when the input is
+// valid, a JSON 4xx otherwise, and never 5xx.
+#[test]
+fn the_create_handler_answers_any_json_with_201_or_a_json_4xx() {
+    let runtime = runtime();
+    let app = runtime.block_on(TestApp::new());
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(200));
+    runner
+        .run(&json_body(), |body| {
+            let answer = runtime.block_on(app.create(body.clone()));
+            let valid = body.as_object().is_some_and(|object| {
+                object.keys().all(|k| k == "url" || k == "code")
+                    && object
+                        .get("url")
+                        .and_then(Value::as_str)
+                        .is_some_and(|u| validate::url(u).is_ok())
+                    && match object.get("code") {
+                        None | Some(Value::Null) => true,
+                        Some(Value::String(code)) => validate::code(code).is_ok(),
+                        Some(_) => false,
+                    }
+            });
+            if answer.status == StatusCode::CREATED {
+                prop_assert!(valid, "accepted invalid input {body}");
+            } else {
+                prop_assert!(answer.status.is_client_error(), "{body} → {answer:?}");
+                prop_assert!(answer.body["error"].is_string(), "{answer:?}");
+                // A valid body is refused only because its code is taken.
+                prop_assert!(
+                    !valid || answer.status == StatusCode::CONFLICT,
+                    "{body} → {answer:?}"
+                );
+            }
+            Ok(())
+        })
+        .expect("property holds");
+}

@@ -15,6 +15,7 @@ use crate::http::{self, AppState, GuardMetrics, HttpMetrics, Startup};
 use crate::lifecycle::{self, DrainReport, Phase, Shutdown, StopReport, Workers, LOG_TARGET};
 use crate::links::cache::LinkCache;
 use crate::links::hits::{self, HitCounter};
+use crate::links::live::LiveHits;
 use crate::links::spill::{self, ReplayError};
 use crate::storage::{self, Storage, StorageError, StorageMetrics};
 
@@ -181,6 +182,7 @@ impl App {
                 storage: storage.clone(),
                 hits: hits.clone(),
                 links: LinkCache::default(),
+                live: LiveHits::default(),
             },
             config.http_limits(),
         );

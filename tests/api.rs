@@ -15,6 +15,7 @@ use lameduck::http::{self, AppState, GuardMetrics, HttpLimits, HttpMetrics, Star
 use lameduck::lifecycle::{LifecycleMetrics, Scoped, Shutdown};
 use lameduck::links::cache::LinkCache;
 use lameduck::links::hits::HitCounter;
+use lameduck::links::live::LiveHits;
 use lameduck::links::{self, validate};
 use lameduck::storage::{Storage, StorageMetrics};
 use prometheus_client::registry::Registry;
@@ -63,6 +64,7 @@ impl TestApp {
             storage,
             hits: HitCounter::default(),
             links: LinkCache::default(),
+            live: LiveHits::default(),
         };
         let api = links::routes().route(
             "/api/boom",

@@ -35,6 +35,7 @@ use crate::lifecycle::Shutdown;
 use crate::links;
 use crate::links::cache::LinkCache;
 use crate::links::hits::HitCounter;
+use crate::links::live::LiveHits;
 use crate::storage::Storage;
 
 /// Whether startup has finished its work (migrations, recovery); `/readyz`
@@ -73,6 +74,8 @@ pub struct AppState {
     pub hits: HitCounter,
     /// Code → URL, so redirects need no database round trip.
     pub links: LinkCache,
+    /// Live hit counts for streams and websockets.
+    pub live: LiveHits,
 }
 
 /// The limits the router enforces, each answering with a clear JSON error.

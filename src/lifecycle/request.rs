@@ -16,6 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
@@ -33,6 +34,7 @@ use super::Shutdown;
 pub struct RequestScope {
     token: CancellationToken,
     tracker: TaskTracker,
+    shutdown: Option<Shutdown>,
 }
 
 impl RequestScope {
@@ -42,12 +44,33 @@ impl RequestScope {
         RequestScope {
             token: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            shutdown: None,
         }
     }
 
     /// The request's cancellation token.
     pub fn token(&self) -> &CancellationToken {
         &self.token
+    }
+
+    /// Resolves when the server's drain starts: a long-lived response (a
+    /// stream, a websocket) should send its goodbye and end. Never resolves
+    /// for a detached scope.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn draining(&self) {
+        match &self.shutdown {
+            Some(shutdown) => shutdown.draining().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A token that the drain waits for until it is dropped. Move it into
+    /// work that outlives the request — an upgraded websocket's task, which
+    /// hyper no longer tracks as a connection.
+    pub fn hold_drain(&self) -> TaskTrackerToken {
+        self.tracker.token()
     }
 
     /// Runs `work` to its own end on a task tracked by the lifecycle, and
@@ -290,6 +313,7 @@ where
             request.extensions_mut().insert(RequestScope {
                 token: token.clone(),
                 tracker: shutdown.tracker().clone(),
+                shutdown: Some(shutdown.clone()),
             });
             let in_flight = InFlightGuard::start(shutdown.metrics(), conn.clone());
             // Fires the request's token if hyper drops this future first.

@@ -199,7 +199,13 @@ impl Shutdown {
         self.inner.draining.cancel();
     }
 
-    pub(crate) fn draining(&self) -> WaitForCancellationFuture<'_> {
+    /// Resolves when the drain starts (the listener has closed). Long-lived
+    /// responses — streams, websockets — should say goodbye and end now;
+    /// the connections they hold are otherwise cut at the deadline.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub fn draining(&self) -> WaitForCancellationFuture<'_> {
         self.inner.draining.cancelled()
     }
 

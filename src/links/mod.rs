@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod hits;
+pub mod live;
 pub mod spill;
 pub mod validate;
 
@@ -32,6 +33,8 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/links", post(create))
         .route("/api/links/{code}", get(show))
+        .route("/api/links/{code}/events", get(live::events))
+        .route("/api/links/{code}/ws", get(live::websocket))
         .route("/{code}", get(redirect))
 }
 
@@ -174,7 +177,7 @@ async fn redirect(
     Ok(Redirect::temporary(&url))
 }
 
-fn not_found(code: &str) -> ApiError {
+pub(crate) fn not_found(code: &str) -> ApiError {
     ApiError::NotFound(format!("no link with code '{code}'"))
 }
 

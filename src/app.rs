@@ -105,6 +105,19 @@ impl App {
     /// # Errors
     /// A [`StartupError`] naming what failed.
     pub async fn build(config: ServerConfig, shutdown: Shutdown) -> Result<App, StartupError> {
+        App::build_on(config, shutdown, None).await
+    }
+
+    /// Like [`App::build`], but serves `inherited` (a listening socket passed
+    /// down by systemd or a predecessor) instead of binding `--listen`.
+    ///
+    /// # Errors
+    /// A [`StartupError`] naming what failed.
+    pub async fn build_on(
+        config: ServerConfig,
+        shutdown: Shutdown,
+        inherited: Option<std::net::TcpListener>,
+    ) -> Result<App, StartupError> {
         let mut registry = Registry::with_prefix("lameduck");
         shutdown.metrics().register(&mut registry);
         let http_metrics = HttpMetrics::default();
@@ -133,13 +146,18 @@ impl App {
                 "applied hits spilled by an earlier run"
             );
         }
-        let listener =
-            TcpListener::bind(config.listen)
-                .await
-                .map_err(|source| StartupError::Bind {
-                    addr: config.listen,
-                    source,
-                })?;
+        let bind_error = |source| StartupError::Bind {
+            addr: config.listen,
+            source,
+        };
+        let listener = match inherited {
+            Some(listener) => {
+                tracing::info!("serving an inherited listening socket");
+                listener.set_nonblocking(true).map_err(bind_error)?;
+                TcpListener::from_std(listener).map_err(bind_error)?
+            }
+            None => TcpListener::bind(config.listen).await.map_err(bind_error)?,
+        };
 
         let mut workers = Workers::new(shutdown.clone());
         // Finalizers run last-registered first: the pool closes after the
@@ -206,6 +224,15 @@ impl App {
         self.listener
             .local_addr()
             .expect("a bound listener has a local address")
+    }
+
+    /// A second handle on the listening socket, to pass to a successor.
+    ///
+    /// # Errors
+    /// If the descriptor cannot be duplicated.
+    pub fn listener_handle(&self) -> std::io::Result<std::net::TcpListener> {
+        use std::os::fd::AsFd;
+        Ok(self.listener.as_fd().try_clone_to_owned()?.into())
     }
 
     /// Registers more workers and finalizers before the app runs (finalizers

@@ -34,7 +34,9 @@ pub enum Command {
 /// How the server runs and how it shuts down.
 #[derive(Clone, Debug, Args)]
 pub struct ServerConfig {
-    /// Socket address to listen on; port 0 picks a free port.
+    /// Socket address to listen on; port 0 picks a free port. Ignored when
+    /// a listening socket is inherited (`LISTEN_FDS`: systemd socket
+    /// activation, or an in-place upgrade).
     #[arg(long, env = "LAMEDUCK_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
 
@@ -102,6 +104,12 @@ pub struct ServerConfig {
     /// Most concurrent streams on one HTTP/2 connection.
     #[arg(long, env = "LAMEDUCK_H2_MAX_CONCURRENT_STREAMS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub h2_max_concurrent_streams: u32,
+
+    /// Write the server's pid here once it is ready (and remove it at exit,
+    /// unless a successor has replaced it): how scripts find the process to
+    /// send SIGHUP for an in-place upgrade.
+    #[arg(long, env = "LAMEDUCK_PID_FILE", value_name = "PATH")]
+    pub pid_file: Option<PathBuf>,
 
     /// Largest number of pooled database connections.
     #[arg(long, env = "LAMEDUCK_DATABASE_MAX_CONNECTIONS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]

@@ -8,8 +8,12 @@ use clap::Parser;
 use lameduck::app::RunReport;
 use lameduck::config::{Cli, Command, ServerConfig};
 use lameduck::exit::Exit;
-use lameduck::lifecycle::{signal, LifecycleMetrics, Shutdown, LOG_TARGET};
+use std::path::Path;
+
+use lameduck::lifecycle::handoff::{self, Successor};
+use lameduck::lifecycle::{error_chain, signal, LifecycleMetrics, Shutdown, LOG_TARGET};
 use lameduck::{healthcheck, telemetry, App};
+use tokio::signal::unix::{signal as unix_signal, SignalKind};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -19,6 +23,15 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Server(config) => {
             telemetry::init(config.log_format);
+            // Before any thread starts: this clears LISTEN_FDS from the
+            // environment.
+            let inherited = match handoff::inherited_listener() {
+                Ok(inherited) => inherited,
+                Err(error) => {
+                    tracing::error!(%error, "the inherited socket is not a TCP listener");
+                    return Exit::Startup.into();
+                }
+            };
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -29,7 +42,7 @@ fn main() -> ExitCode {
                     return Exit::Startup.into();
                 }
             };
-            let exit = runtime.block_on(server(config));
+            let exit = runtime.block_on(server(config, inherited));
             // Anything still running was abandoned on purpose; do not wait.
             runtime.shutdown_background();
             exit.into()
@@ -44,29 +57,85 @@ fn main() -> ExitCode {
     }
 }
 
-async fn server(config: ServerConfig) -> Exit {
+async fn server(config: ServerConfig, inherited: Option<std::net::TcpListener>) -> Exit {
     // Handlers first: from here on a signal is queued, not fatal.
-    let signals = match signal::Signals::install() {
-        Ok(signals) => signals,
-        Err(error) => {
+    let (signals, hangups) = match (
+        signal::Signals::install(),
+        unix_signal(SignalKind::hangup()),
+    ) {
+        (Ok(signals), Ok(hangups)) => (signals, hangups),
+        (Err(error), _) | (_, Err(error)) => {
             tracing::error!(%error, "cannot install signal handlers");
+            return Exit::Startup;
+        }
+    };
+    let successor = match Successor::current() {
+        Ok(successor) => successor,
+        Err(error) => {
+            tracing::error!(%error, "cannot find this program's binary");
             return Exit::Startup;
         }
     };
     let shutdown = Shutdown::new(LifecycleMetrics::default());
     tokio::spawn(signal::forward(signals, shutdown.clone()));
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.triggered().await;
+            handoff::notify_stopping();
+        }
+    });
 
-    let app = match App::build(config, shutdown.clone()).await {
+    let pid_file = config.pid_file.clone();
+    let app = match App::build_on(config, shutdown.clone(), inherited).await {
         Ok(app) => app,
         Err(error) => {
             tracing::error!("startup failed: {}", error_chain(&error));
             return Exit::Startup;
         }
     };
+    match app.listener_handle() {
+        Ok(listener) => {
+            tokio::spawn(handoff::upgrade_on_hangup(
+                hangups,
+                listener,
+                successor,
+                shutdown.clone(),
+            ));
+        }
+        Err(error) => tracing::warn!(%error, "in-place upgrade unavailable"),
+    }
+    if let Some(path) = &pid_file {
+        if let Err(error) = write_pid_file(path) {
+            tracing::error!(%error, path = %path.display(), "cannot write the pid file");
+            return Exit::Startup;
+        }
+    }
+    handoff::notify_ready();
+
     let report = app.run().await;
+    if let Some(path) = &pid_file {
+        remove_own_pid_file(path);
+    }
     let exit = Exit::from_run(&report);
     summarize(&report, exit);
     exit
+}
+
+/// Writes this process's pid, atomically.
+fn write_pid_file(path: &Path) -> std::io::Result<()> {
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, format!("{}\n", std::process::id()))?;
+    std::fs::rename(&temporary, path)
+}
+
+/// Removes the pid file, unless a successor has written its own pid there.
+fn remove_own_pid_file(path: &Path) {
+    let ours =
+        std::fs::read_to_string(path).is_ok_and(|pid| pid.trim() == std::process::id().to_string());
+    if ours {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// The one summary line of the whole shutdown.
@@ -110,19 +179,4 @@ fn usage_error(error: &clap::Error) -> ExitCode {
             Exit::Usage.into()
         }
     }
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        // Some errors already print their source; say it once.
-        let cause_text = cause.to_string();
-        if !message.ends_with(&cause_text) {
-            message.push_str(": ");
-            message.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    message
 }

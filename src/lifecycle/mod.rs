@@ -26,6 +26,7 @@
 //! A second signal at any point calls [`Shutdown::force`]: everything still
 //! running is abandoned at once.
 
+pub mod handoff;
 mod metrics;
 mod request;
 mod serve;
@@ -51,3 +52,19 @@ pub const DEADLINE_CLEANUP_GRACE: Duration = Duration::from_secs(1);
 /// The `tracing` target of every shutdown-phase log line, so operators can
 /// filter the whole timeline with `RUST_LOG=lameduck::shutdown=info`.
 pub const LOG_TARGET: &str = "lameduck::shutdown";
+
+/// `error: cause: cause…` on one line, each cause said once (some errors
+/// already print their source).
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !message.ends_with(&cause_text) {
+            message.push_str(": ");
+            message.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    message
+}

@@ -1,0 +1,200 @@
+//! Restarts without a closed socket: socket activation and in-place upgrade.
+//!
+//! - **Socket activation.** Started with `LISTEN_FDS` (systemd, or
+//!   `systemfd` in development), the server serves the inherited listener
+//!   instead of binding: connections queue in the kernel while the process
+//!   restarts, instead of being refused.
+//! - **In-place upgrade.** On SIGHUP the running process starts a new copy
+//!   of its binary, passing the listening socket down as fd 3 (the same
+//!   `LISTEN_FDS` protocol) and waiting for its `READY=1` on a private
+//!   `NOTIFY_SOCKET` (the `sd_notify` protocol). Both accept from the one
+//!   socket meanwhile, so nothing queued on it is lost; once the successor
+//!   is ready the old process drains and exits. If the successor exits or
+//!   is not ready within [`UPGRADE_READY_TIMEOUT`], it is killed and the old
+//!   process keeps serving.
+
+use std::ffi::OsString;
+use std::io;
+use std::net::TcpListener;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use command_fds::{CommandFdExt, FdMapping};
+use tokio::net::UnixDatagram;
+use tracing::{info, warn};
+
+use super::{Shutdown, LOG_TARGET};
+
+/// How long a successor may take to report ready (startup includes
+/// migrations and spill replay) before the upgrade is abandoned.
+pub const UPGRADE_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The listener passed down by a service manager or a predecessor, if any.
+/// Call it before starting threads: it clears `LISTEN_FDS`/`LISTEN_PID` from
+/// the environment so that they are not passed on again.
+///
+/// # Errors
+/// If the passed descriptor is not a TCP listener.
+pub fn inherited_listener() -> io::Result<Option<TcpListener>> {
+    listenfd::ListenFd::from_env().take_tcp_listener(0)
+}
+
+/// Tells the service manager (or the predecessor of an in-place upgrade)
+/// that the server is ready: `READY=1` on `NOTIFY_SOCKET`, if set.
+pub fn notify_ready() {
+    if let Err(error) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        warn!(%error, "could not notify readiness");
+    }
+}
+
+/// Tells the service manager that the server is stopping.
+pub fn notify_stopping() {
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+}
+
+/// Why an upgrade did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    /// The successor could not be started.
+    #[error("cannot start {exe}")]
+    Spawn {
+        /// The binary.
+        exe: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The successor exited before it was ready.
+    #[error("the new process exited before it was ready ({0})")]
+    Exited(std::process::ExitStatus),
+    /// The successor did not report ready in time.
+    #[error("the new process was not ready within {0:?}")]
+    NotReady(Duration),
+}
+
+/// How to start a successor: this process's binary path (taken at startup,
+/// so a binary replaced on disk since is the one started) and arguments.
+#[derive(Clone, Debug)]
+pub struct Successor {
+    /// The binary.
+    pub exe: PathBuf,
+    /// Its arguments (without the program name).
+    pub args: Vec<OsString>,
+}
+
+impl Successor {
+    /// This process's own binary and arguments.
+    ///
+    /// # Errors
+    /// If the binary's path cannot be found.
+    pub fn current() -> io::Result<Successor> {
+        Ok(Successor {
+            exe: std::env::current_exe()?,
+            args: std::env::args_os().skip(1).collect(),
+        })
+    }
+}
+
+/// Upgrades in place on every SIGHUP until shutdown starts: starts the
+/// successor with `listener` and triggers this process's shutdown once the
+/// successor is ready. A failed upgrade is logged and the process keeps
+/// serving. `listener` is closed when this returns, so that a normal
+/// shutdown still refuses new connections once its own listener closes.
+pub async fn upgrade_on_hangup(
+    mut hangups: tokio::signal::unix::Signal,
+    listener: TcpListener,
+    successor: Successor,
+    shutdown: Shutdown,
+) {
+    loop {
+        tokio::select! {
+            Some(()) = hangups.recv() => {}
+            () = shutdown.triggered() => return,
+        }
+        info!(target: LOG_TARGET, exe = %successor.exe.display(), "SIGHUP: starting a new process on the same socket");
+        match upgrade(&listener, &successor).await {
+            Ok(pid) => {
+                info!(target: LOG_TARGET, pid, "the new process is ready; this one drains and exits");
+                shutdown.trigger(format!("upgraded to pid {pid}"));
+                return;
+            }
+            Err(error) => {
+                warn!(target: LOG_TARGET, error = %crate::lifecycle::error_chain(&error), "upgrade failed; this process keeps serving");
+            }
+        }
+    }
+}
+
+/// Starts the successor and waits until it is ready; returns its pid.
+async fn upgrade(listener: &TcpListener, successor: &Successor) -> Result<u32, UpgradeError> {
+    let spawn_error = |source| UpgradeError::Spawn {
+        exe: successor.exe.display().to_string(),
+        source,
+    };
+    let notify_path = notify_socket_path();
+    let _ = std::fs::remove_file(&notify_path);
+    let notify = UnixDatagram::bind(&notify_path).map_err(spawn_error)?;
+    let _remove = RemoveOnDrop(&notify_path);
+
+    let socket: OwnedFd = listener.try_clone().map_err(spawn_error)?.into();
+    let mut command = tokio::process::Command::new(&successor.exe);
+    command
+        .args(&successor.args)
+        .env("LISTEN_FDS", "1")
+        .env_remove("LISTEN_PID")
+        .env("NOTIFY_SOCKET", &notify_path)
+        .fd_mappings(vec![FdMapping {
+            parent_fd: socket,
+            child_fd: 3,
+        }])
+        .map_err(|collision| spawn_error(io::Error::other(collision)))?;
+    let mut child = command.spawn().map_err(spawn_error)?;
+    let pid = child.id().unwrap_or_default();
+
+    let ready = async {
+        let mut buffer = [0u8; 256];
+        loop {
+            let Ok(len) = notify.recv(&mut buffer).await else {
+                return std::future::pending().await;
+            };
+            if String::from_utf8_lossy(&buffer[..len])
+                .lines()
+                .any(|line| line == "READY=1")
+            {
+                return;
+            }
+        }
+    };
+    let outcome = tokio::select! {
+        () = ready => Ok(pid),
+        exited = child.wait() => Err(match exited {
+            Ok(status) => UpgradeError::Exited(status),
+            Err(source) => spawn_error(source),
+        }),
+        () = tokio::time::sleep(UPGRADE_READY_TIMEOUT) => Err(UpgradeError::NotReady(UPGRADE_READY_TIMEOUT)),
+    };
+    if outcome.is_err() {
+        let _ = child.kill().await;
+    }
+    outcome
+}
+
+fn notify_socket_path() -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    std::env::temp_dir().join(format!(
+        "lameduck-upgrade-{}-{nanos}.sock",
+        std::process::id()
+    ))
+}
+
+struct RemoveOnDrop<'a>(&'a Path);
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
+}

@@ -37,7 +37,8 @@ mod workers;
 pub use metrics::LifecycleMetrics;
 pub use request::{RequestScope, Scoped};
 pub use serve::{
-    serve, DrainOutcome, DrainReport, ServeConfig, ACCEPT_ERROR_BACKOFF, FIRST_REQUEST_GRACE,
+    serve, DrainOutcome, DrainReport, ResponseBody, ServeConfig, ACCEPT_ERROR_BACKOFF,
+    FIRST_REQUEST_GRACE,
 };
 pub use shutdown::{Phase, Shutdown};
 pub use workers::{BoxError, Outcome, StopReport, Stopped, Workers};

@@ -116,6 +116,21 @@ pub struct DrainReport {
     pub connections_abandoned: i64,
 }
 
+/// A response body hyper can send from any thread.
+pub trait ResponseBody:
+    hyper::body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+    + Send
+    + 'static
+{
+}
+
+impl<B> ResponseBody for B where
+    B: hyper::body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + 'static
+{
+}
+
 /// Serves HTTP/1.1 and HTTP/2 (cleartext, prior knowledge) on `listener`
 /// with `service` until `shutdown` is triggered, then runs the lame-duck
 /// period and the drain of [`ServeConfig`]. Resolves when the last
@@ -132,14 +147,11 @@ pub async fn serve<S, B>(
     config: ServeConfig,
 ) -> DrainReport
 where
-    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible, Future: Send>
         + Clone
         + Send
         + 'static,
-    S::Future: Send,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: ResponseBody,
 {
     let connections = Connections {
         builder: connection_builder(shutdown.tracker().clone(), &config),
@@ -388,14 +400,11 @@ trait SpawnConnection {
 
 impl<S, B> SpawnConnection for Connections<S>
 where
-    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible, Future: Send>
         + Clone
         + Send
         + 'static,
-    S::Future: Send,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: ResponseBody,
 {
     fn metrics(&self) -> &super::LifecycleMetrics {
         self.shutdown.metrics()

@@ -26,6 +26,7 @@
 //! A second signal at any point calls [`Shutdown::force`]: everything still
 //! running is abandoned at once.
 
+mod connection;
 pub mod handoff;
 mod metrics;
 mod request;
@@ -35,10 +36,10 @@ pub mod signal;
 mod workers;
 
 pub use metrics::LifecycleMetrics;
-pub use request::{RequestScope, Scoped};
+pub use request::{RequestScope, Scoped, TrackedBody};
 pub use serve::{
     serve, DrainOutcome, DrainReport, ResponseBody, ServeConfig, ACCEPT_ERROR_BACKOFF,
-    FIRST_REQUEST_GRACE,
+    FIRST_REQUEST_GRACE, GOAWAY_GRACE,
 };
 pub use shutdown::{Phase, Shutdown};
 pub use workers::{BoxError, Outcome, StopReport, Stopped, Workers};

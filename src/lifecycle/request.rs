@@ -4,23 +4,20 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::pin;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
+use hyper::body::{Body, Frame, SizeHint};
 use hyper::header::{HeaderValue, CONNECTION};
 use hyper::{Request, Response, Version};
-use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::Notify;
 use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
-use super::metrics::{LifecycleMetrics, Protocol};
+use super::connection::{BusyGuard, ConnState};
+use super::metrics::LifecycleMetrics;
 use super::Shutdown;
 
 /// The cancellation scope of one request, found in its extensions.
@@ -95,137 +92,19 @@ impl RequestScope {
     }
 }
 
-/// What one connection's task and its requests share.
-#[derive(Debug)]
-pub(crate) struct ConnState {
-    protocol: AtomicU8,
-    /// Cancelled when the server wants this HTTP/2 connection to go away
-    /// (GOAWAY) before the drain, i.e. during the lame-duck period.
-    pub(crate) goaway: CancellationToken,
-    /// Cancelled by the connection's first request: from then on hyper
-    /// knows the protocol and shuts the connection down gracefully.
-    pub(crate) first_request: CancellationToken,
-    /// Set once a response went out with `Connection: close`: the server,
-    /// not the client, ended this connection.
-    close_sent: AtomicBool,
-    /// Requests of this connection whose response head is not out yet.
-    in_flight: AtomicUsize,
-    /// Notified whenever a request of this connection starts or finishes.
-    activity: Notify,
-    open: Gauge,
-    metrics: LifecycleMetrics,
-}
-
-impl ConnState {
-    pub(crate) fn new(metrics: &LifecycleMetrics) -> ConnState {
-        let open = metrics.connections_open(Protocol::pending);
-        open.inc();
-        ConnState {
-            protocol: AtomicU8::new(Protocol::pending as u8),
-            goaway: CancellationToken::new(),
-            first_request: CancellationToken::new(),
-            close_sent: AtomicBool::new(false),
-            in_flight: AtomicUsize::new(0),
-            activity: Notify::new(),
-            open,
-            metrics: metrics.clone(),
-        }
-    }
-
-    /// Records the protocol when the first request reveals it.
-    fn observe(&self, version: Version) {
-        self.first_request.cancel();
-        let protocol = if version == Version::HTTP_2 {
-            Protocol::http2
-        } else {
-            Protocol::http1
-        };
-        if self
-            .protocol
-            .compare_exchange(
-                Protocol::pending as u8,
-                protocol as u8,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
-        {
-            self.open.dec();
-            self.metrics.connections_open(protocol).inc();
-        }
-    }
-
-    fn protocol(&self) -> Protocol {
-        match self.protocol.load(Ordering::Acquire) {
-            p if p == Protocol::http2 as u8 => Protocol::http2,
-            p if p == Protocol::http1 as u8 => Protocol::http1,
-            _ => Protocol::pending,
-        }
-    }
-
-    pub(crate) fn is_http2(&self) -> bool {
-        self.protocol() == Protocol::http2
-    }
-
-    pub(crate) fn close_sent(&self) -> bool {
-        self.close_sent.load(Ordering::Acquire)
-    }
-
-    fn request_started(&self) {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.activity.notify_waiters();
-    }
-
-    fn request_finished(&self) {
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.activity.notify_waiters();
-    }
-
-    /// Resolves once no request of this connection has been in flight for
-    /// `timeout`.
-    pub(crate) async fn idle_for(&self, timeout: Duration) {
-        loop {
-            let activity = self.activity.notified();
-            let mut activity = pin!(activity);
-            // Registered before the check, so no change slips between.
-            activity.as_mut().enable();
-            if self.in_flight.load(Ordering::Acquire) > 0 {
-                activity.await;
-                continue;
-            }
-            tokio::select! {
-                () = tokio::time::sleep(timeout) => return,
-                () = activity => {}
-            }
-        }
-    }
-}
-
-impl Drop for ConnState {
-    fn drop(&mut self) {
-        self.metrics.connections_open(self.protocol()).dec();
-    }
-}
-
-/// Counts a request in flight, for the server and for its connection;
-/// dropping it before [`InFlightGuard::complete`] counts the request as
-/// aborted.
+/// Counts a request in flight until its response head; dropping it before
+/// [`InFlightGuard::complete`] counts the request as aborted.
 #[must_use = "dropping the guard ends the request's in-flight count"]
 struct InFlightGuard {
     metrics: LifecycleMetrics,
-    conn: Option<Arc<ConnState>>,
     completed: bool,
 }
 
 impl InFlightGuard {
-    fn start(metrics: &LifecycleMetrics, conn: Option<Arc<ConnState>>) -> InFlightGuard {
+    fn start(metrics: &LifecycleMetrics) -> InFlightGuard {
         metrics.requests_in_flight.inc();
-        if let Some(conn) = &conn {
-            conn.request_started();
-        }
         InFlightGuard {
             metrics: metrics.clone(),
-            conn,
             completed: false,
         }
     }
@@ -241,9 +120,6 @@ impl InFlightGuard {
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         self.metrics.requests_in_flight.dec();
-        if let Some(conn) = &self.conn {
-            conn.request_finished();
-        }
         if !self.completed {
             self.metrics.requests_aborted.inc();
         }
@@ -291,10 +167,11 @@ where
         + 'static,
     S::Future: Send,
     ReqBody: Send + 'static,
+    ResBody: Body + Unpin,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<TrackedBody<ResBody>>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ResBody>, Infallible>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
     fn call(&self, mut request: Request<ReqBody>) -> Self::Future {
         let http2 = request.version() == Version::HTTP_2;
@@ -304,6 +181,8 @@ where
                 conn.goaway.cancel();
             }
         }
+        // The connection is busy until the response body is done.
+        let busy = self.conn.clone().map(BusyGuard::new);
 
         let inner = self.inner.clone();
         let conn = self.conn.clone();
@@ -315,7 +194,7 @@ where
                 tracker: shutdown.tracker().clone(),
                 shutdown: Some(shutdown.clone()),
             });
-            let in_flight = InFlightGuard::start(shutdown.metrics(), conn.clone());
+            let in_flight = InFlightGuard::start(shutdown.metrics());
             // Fires the request's token if hyper drops this future first.
             let cancel_on_drop = token.drop_guard();
 
@@ -329,10 +208,38 @@ where
                     .headers_mut()
                     .insert(CONNECTION, HeaderValue::from_static("close"));
                 if let Some(conn) = conn {
-                    conn.close_sent.store(true, Ordering::Release);
+                    conn.mark_close_sent();
                 }
             }
-            Ok(response)
+            Ok(response.map(|inner| TrackedBody { inner, _busy: busy }))
         })
+    }
+}
+
+/// A response body that keeps its connection marked busy until it has been
+/// sent (or dropped): a streaming response is not an idle connection.
+#[derive(Debug)]
+pub struct TrackedBody<B> {
+    inner: B,
+    _busy: Option<BusyGuard>,
+}
+
+impl<B: Body + Unpin> Body for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }

@@ -19,8 +19,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
+use super::connection::{ConnState, ObservedStream};
 use super::metrics::ClosedBy;
-use super::request::{ConnState, Scoped};
+use super::request::Scoped;
 use super::{Phase, Shutdown, DEADLINE_CLEANUP_GRACE, LOG_TARGET};
 
 /// How long the accept loop pauses after an error that is not about one
@@ -34,6 +35,11 @@ pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 /// just taken from the backlog); Go's `Server.Shutdown` gives new
 /// connections a similar grace. Bounded by the shutdown timeout.
 pub const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a connection told to close (GOAWAY) may stay open with nothing
+/// in flight: an HTTP/2 client that never acknowledges the GOAWAY's PING
+/// (or a dead peer) must not hold the drain until the deadline.
+pub const GOAWAY_GRACE: Duration = Duration::from_secs(1);
 
 /// At most this many connections are taken from the listen backlog when the
 /// listener stops; more than any kernel backlog holds.
@@ -151,7 +157,7 @@ where
         + Clone
         + Send
         + 'static,
-    B: ResponseBody,
+    B: ResponseBody + Unpin,
 {
     let connections = Connections {
         builder: connection_builder(shutdown.tracker().clone(), &config),
@@ -159,6 +165,7 @@ where
         shutdown: shutdown.clone(),
         limit: Arc::new(Semaphore::new(config.max_connections)),
         idle_timeout: config.idle_timeout,
+        header_read_timeout: config.header_read_timeout,
     };
     match listener.local_addr() {
         Ok(addr) => info!("listening on http://{addr}"),
@@ -349,10 +356,13 @@ fn connection_builder(
     config: &ServeConfig,
 ) -> auto::Builder<TrackedExecutor> {
     let mut builder = auto::Builder::new(TrackedExecutor(tracker));
+    // hyper's own header timeout also runs between keep-alive requests,
+    // which would make it the idle timeout; the connection task enforces
+    // the header deadline instead (`ConnState::head_overdue`).
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(config.header_read_timeout);
+        .header_read_timeout(None);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -385,6 +395,7 @@ struct Connections<S> {
     /// One permit per open connection.
     limit: Arc<Semaphore>,
     idle_timeout: Duration,
+    header_read_timeout: Duration,
 }
 
 trait SpawnConnection {
@@ -404,7 +415,7 @@ where
         + Clone
         + Send
         + 'static,
-    B: ResponseBody,
+    B: ResponseBody + Unpin,
 {
     fn metrics(&self) -> &super::LifecycleMetrics {
         self.shutdown.metrics()
@@ -432,6 +443,8 @@ where
         let builder = self.builder.clone();
         let shutdown = self.shutdown.clone();
         let idle_timeout = self.idle_timeout;
+        let header_read_timeout = self.header_read_timeout;
+        let stream = ObservedStream::new(stream, Arc::clone(&conn));
         self.shutdown.tracker().spawn(async move {
             let _permit = permit;
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
@@ -443,7 +456,7 @@ where
             let drain_reached = async {
                 shutdown.draining().await;
                 tokio::select! {
-                    () = conn.first_request.cancelled() => {}
+                    () = conn.protocol_known.cancelled() => {}
                     () = tokio::time::sleep(FIRST_REQUEST_GRACE) => {}
                 }
             };
@@ -483,6 +496,14 @@ where
                         debug!(%peer, "closing an idle connection");
                         connection.as_mut().graceful_shutdown();
                         asked_to_close = true;
+                    }
+                    () = conn.head_overdue(header_read_timeout) => {
+                        debug!(%peer, "request head not received in time; closing");
+                        break ClosedBy::server;
+                    }
+                    () = conn.idle_for(GOAWAY_GRACE), if asked_to_close => {
+                        debug!(%peer, "asked to close but still open; dropping it");
+                        break ClosedBy::server;
                     }
                     () = shutdown.abandoned() => break ClosedBy::abandoned,
                 }

@@ -178,7 +178,12 @@ async fn redirect(
 }
 
 pub(crate) fn not_found(code: &str) -> ApiError {
-    ApiError::NotFound(format!("no link with code '{code}'"))
+    // Echo the code only when it could be one: a 20 KB path gets a short answer.
+    if validate::code(code).is_ok() {
+        ApiError::NotFound(format!("no link with code '{code}'"))
+    } else {
+        ApiError::NotFound("no link with that code".to_owned())
+    }
 }
 
 fn now_rfc3339() -> String {

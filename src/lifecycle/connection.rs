@@ -1,0 +1,288 @@
+//! Per-connection state shared by a connection's task, its requests and
+//! its socket: protocol, activity, and the deadlines derived from them.
+
+use std::io;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use hyper::Version;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::{LifecycleMetrics, Protocol};
+
+/// The client preface that opens every HTTP/2 connection.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// What one connection's task, its requests and its socket share.
+#[derive(Debug)]
+pub(crate) struct ConnState {
+    protocol: AtomicU8,
+    /// Cancelled when the server wants this HTTP/2 connection to go away
+    /// (GOAWAY) before the drain, i.e. during the lame-duck period.
+    pub(crate) goaway: CancellationToken,
+    /// Cancelled once hyper knows the protocol (first request, or the
+    /// HTTP/2 preface): from then on it shuts the connection down
+    /// gracefully instead of dropping it mid-detection.
+    pub(crate) protocol_known: CancellationToken,
+    /// Set once a response went out with `Connection: close`: the server,
+    /// not the client, ended this connection.
+    close_sent: AtomicBool,
+    /// Requests of this connection not finished yet: from the head until
+    /// the response body has been sent (or dropped).
+    busy: AtomicUsize,
+    /// When the client started sending a request head while the connection
+    /// was not busy, in milliseconds since `born` plus one; 0 when no head
+    /// is pending. Starts at accept: a new connection owes its first head.
+    head_since: AtomicU64,
+    born: Instant,
+    /// Notified when a request starts or finishes, a head begins, or the
+    /// protocol becomes known.
+    activity: Notify,
+    open: Gauge,
+    metrics: LifecycleMetrics,
+}
+
+impl ConnState {
+    pub(crate) fn new(metrics: &LifecycleMetrics) -> ConnState {
+        let open = metrics.connections_open(Protocol::pending);
+        open.inc();
+        ConnState {
+            protocol: AtomicU8::new(Protocol::pending as u8),
+            goaway: CancellationToken::new(),
+            protocol_known: CancellationToken::new(),
+            close_sent: AtomicBool::new(false),
+            busy: AtomicUsize::new(0),
+            head_since: AtomicU64::new(1),
+            born: Instant::now(),
+            activity: Notify::new(),
+            open,
+            metrics: metrics.clone(),
+        }
+    }
+
+    /// Records the protocol once a request or the preface reveals it.
+    pub(crate) fn observe(&self, version: Version) {
+        self.protocol_known.cancel();
+        let protocol = if version == Version::HTTP_2 {
+            Protocol::http2
+        } else {
+            Protocol::http1
+        };
+        if self
+            .protocol
+            .compare_exchange(
+                Protocol::pending as u8,
+                protocol as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            self.open.dec();
+            self.metrics.connections_open(protocol).inc();
+            self.activity.notify_waiters();
+        }
+    }
+
+    fn protocol(&self) -> Protocol {
+        match self.protocol.load(Ordering::Acquire) {
+            p if p == Protocol::http2 as u8 => Protocol::http2,
+            p if p == Protocol::http1 as u8 => Protocol::http1,
+            _ => Protocol::pending,
+        }
+    }
+
+    pub(crate) fn is_http2(&self) -> bool {
+        self.protocol() == Protocol::http2
+    }
+
+    pub(crate) fn close_sent(&self) -> bool {
+        self.close_sent.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn mark_close_sent(&self) {
+        self.close_sent.store(true, Ordering::Release);
+    }
+
+    /// Bytes arrived from the client. On an idle HTTP/1 (or undecided)
+    /// connection they begin a request head, which starts its deadline.
+    fn bytes_arrived(&self) {
+        if self.busy.load(Ordering::Acquire) == 0
+            && !self.is_http2()
+            && self.head_since.load(Ordering::Acquire) == 0
+        {
+            let since = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1;
+            self.head_since.store(since, Ordering::Release);
+            self.activity.notify_waiters();
+        }
+    }
+
+    pub(crate) fn request_started(&self) {
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        self.head_since.store(0, Ordering::Release);
+        self.activity.notify_waiters();
+    }
+
+    pub(crate) fn request_finished(&self) {
+        self.busy.fetch_sub(1, Ordering::AcqRel);
+        self.activity.notify_waiters();
+    }
+
+    /// Resolves once this connection has had nothing in flight for
+    /// `timeout`.
+    pub(crate) async fn idle_for(&self, timeout: Duration) {
+        loop {
+            let activity = self.activity.notified();
+            let mut activity = pin!(activity);
+            // Registered before the check, so no change slips between.
+            activity.as_mut().enable();
+            if self.busy.load(Ordering::Acquire) > 0 {
+                activity.await;
+                continue;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(timeout) => return,
+                () = activity => {}
+            }
+        }
+    }
+
+    /// Resolves if a request head (or the first one, counted from accept)
+    /// takes longer than `timeout` to arrive: a slow or silent client. Does
+    /// not apply to HTTP/2, whose idle connections carry frames.
+    pub(crate) async fn head_overdue(&self, timeout: Duration) {
+        loop {
+            let activity = self.activity.notified();
+            let mut activity = pin!(activity);
+            activity.as_mut().enable();
+            let since = self.head_since.load(Ordering::Acquire);
+            if since == 0 || self.is_http2() {
+                activity.await;
+                continue;
+            }
+            let deadline = self.born + Duration::from_millis(since - 1) + timeout;
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {
+                    if self.head_since.load(Ordering::Acquire) == since && !self.is_http2() {
+                        return;
+                    }
+                }
+                () = activity => {}
+            }
+        }
+    }
+}
+
+impl Drop for ConnState {
+    fn drop(&mut self) {
+        self.metrics.connections_open(self.protocol()).dec();
+    }
+}
+
+/// Marks a connection busy from a request's start until its response body
+/// is done; dropping it ends that.
+#[derive(Debug)]
+#[must_use = "dropping the guard marks the request finished"]
+pub(crate) struct BusyGuard(Arc<ConnState>);
+
+impl BusyGuard {
+    pub(crate) fn new(conn: Arc<ConnState>) -> BusyGuard {
+        conn.request_started();
+        BusyGuard(conn)
+    }
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.0.request_finished();
+    }
+}
+
+/// The client socket, watched: tells the connection state when bytes
+/// arrive (a request head begins) and when they are the HTTP/2 preface.
+pub(crate) struct ObservedStream {
+    inner: TcpStream,
+    conn: Arc<ConnState>,
+    /// Bytes of the HTTP/2 preface seen so far; `None` once decided.
+    preface: Option<usize>,
+}
+
+impl ObservedStream {
+    pub(crate) fn new(inner: TcpStream, conn: Arc<ConnState>) -> ObservedStream {
+        ObservedStream {
+            inner,
+            conn,
+            preface: Some(0),
+        }
+    }
+
+    fn observe(&mut self, bytes: &[u8]) {
+        if let Some(seen) = self.preface {
+            let wanted = &H2_PREFACE[seen..];
+            let n = wanted.len().min(bytes.len());
+            self.preface = if bytes[..n] != wanted[..n] {
+                None
+            } else if seen + n == H2_PREFACE.len() {
+                self.conn.observe(Version::HTTP_2);
+                None
+            } else {
+                Some(seen + n)
+            };
+        }
+        self.conn.bytes_arrived();
+    }
+}
+
+impl AsyncRead for ObservedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
+        if buf.filled().len() > before {
+            let this = &mut *self;
+            this.observe(&buf.filled()[before..]);
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for ObservedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,1488 @@
+//! Limits, faults and bad input, tested against the real binary: every
+//! limit answers clearly (a status code and a JSON body, or a closed
+//! connection), none of them starves well-behaved clients, and no bad
+//! request changes what is stored.
+//!
+//! Each test runs `lameduck server` as a child process
+//! (`tests/support/binary.rs`) and talks to it over raw sockets, so it sees
+//! exactly what went on the wire; the PostgreSQL tests use a throwaway
+//! cluster (`tests/support/postgres.rs`) that they lock, stop and start under
+//! the service. Every wait is bounded; the few timing checks are generous
+//! correctness bounds ("closed within a few seconds of its timeout", "not
+//! answered while the limit holds"), never performance thresholds.
+
+mod support;
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use sqlx::postgres::PgConnection;
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{Connection, Executor};
+use tempfile::TempDir;
+use tokio::runtime::Runtime;
+
+use support::binary::{connect, get, read_response, wait_for_eof, LameduckProcess, RawResponse};
+use support::postgres::PgCluster;
+
+/// Generous bound on anything that should take milliseconds; reaching it is
+/// a failure.
+const PATIENCE: Duration = Duration::from_secs(15);
+/// "Within a few seconds": how long after its timeout a limit may take to
+/// act, or a probe to notice the database's state.
+const FEW_SECONDS: Duration = Duration::from_secs(5);
+/// "Quickly": the bound on an answer that must not wait for anything (a
+/// shed request, a request failing fast while the database is down).
+const QUICKLY: Duration = Duration::from_secs(2);
+/// The slow-POST helpers send this much of a body with the request head.
+const SPLIT: usize = 10;
+/// Words that would betray internals in an error body.
+const INTERNALS: [&str; 6] = [
+    "sqlx",
+    "panicked",
+    "src/",
+    ".rs:",
+    "backtrace",
+    "postgres://",
+];
+
+// === a server with its data directory ===
+
+/// A server on SQLite in a data directory the test can open, to count what
+/// is stored. Dropping it kills the child before the directory goes.
+struct Server {
+    process: LameduckProcess,
+    data: TempDir,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let data = tempfile::Builder::new()
+            .prefix("lameduck-limits-")
+            .tempdir()
+            .expect("data directory");
+        let data_arg = data.path().display().to_string();
+        let mut all = vec!["--data-dir", data_arg.as_str()];
+        all.extend_from_slice(args);
+        let process = LameduckProcess::start(&all, &[]);
+        Server { process, data }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.process.addr()
+    }
+
+    /// Rows in `links` and `link_audit`, read from the SQLite file.
+    fn stored(&self) -> (i64, i64) {
+        sqlite_rows(self.data.path())
+    }
+
+    /// The server still answers `/healthz` on a new connection.
+    fn assert_serving(&mut self, after: &str) {
+        assert!(
+            self.process.is_running(),
+            "lameduck exited after {after}; logs:\n{}",
+            self.process.log_text()
+        );
+        let health = fresh_get(self.addr(), "/healthz");
+        assert_eq!(health.status, 200, "after {after}: {health:?}");
+    }
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn sqlite_rows(data_dir: &Path) -> (i64, i64) {
+    let url = format!("sqlite://{}", data_dir.join("lameduck.db").display());
+    runtime().block_on(async {
+        let mut conn = SqliteConnection::connect(&url)
+            .await
+            .expect("open the SQLite database");
+        let links: i64 = sqlx::query_scalar("SELECT count(*) FROM links")
+            .fetch_one(&mut conn)
+            .await
+            .expect("count links");
+        let audit: i64 = sqlx::query_scalar("SELECT count(*) FROM link_audit")
+            .fetch_one(&mut conn)
+            .await
+            .expect("count audit rows");
+        conn.close().await.expect("close");
+        (links, audit)
+    })
+}
+
+/// A blocking PostgreSQL session of the test's own (not the service's: its
+/// `application_name` is not `lameduck`).
+struct Sql {
+    runtime: Runtime,
+    conn: PgConnection,
+}
+
+impl Sql {
+    fn connect(url: &str) -> Sql {
+        let runtime = runtime();
+        let conn = runtime
+            .block_on(PgConnection::connect(url))
+            .expect("connect to PostgreSQL");
+        Sql { runtime, conn }
+    }
+
+    fn execute(&mut self, sql: &str) {
+        self.runtime
+            .block_on(self.conn.execute(sql))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    fn count(&mut self, sql: &str) -> i64 {
+        self.runtime
+            .block_on(sqlx::query_scalar(sql).fetch_one(&mut self.conn))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+}
+
+// === raw HTTP helpers ===
+
+/// `GET path` on a new connection.
+fn fresh_get(addr: SocketAddr, path: &str) -> RawResponse {
+    let mut stream = connect(addr);
+    get(&mut stream, path).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+/// `GET path` with extra header lines on a new connection.
+fn get_with(addr: SocketAddr, path: &str, headers: &str) -> RawResponse {
+    let mut stream = connect(addr);
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: lameduck\r\n{headers}\r\n"
+    )
+    .expect("send");
+    read_response(&mut stream).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+/// `POST /api/links` with `body` and, if given, a `Content-Type`, on a new
+/// connection.
+fn post_links(addr: SocketAddr, body: &[u8], content_type: Option<&str>) -> RawResponse {
+    let mut stream = connect(addr);
+    let mut head = format!(
+        "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if let Some(content_type) = content_type {
+        head.push_str(&format!("Content-Type: {content_type}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).expect("send the head");
+    stream.write_all(body).expect("send the body");
+    read_response(&mut stream).unwrap_or_else(|e| panic!("POST /api/links: {e}"))
+}
+
+fn post_json(addr: SocketAddr, body: &str) -> RawResponse {
+    post_links(addr, body.as_bytes(), Some("application/json"))
+}
+
+/// Sends the head of `POST /api/links` for `body` and its first [`SPLIT`]
+/// bytes; the handler waits for the rest ([`finish_slow_post`]).
+fn start_slow_post(addr: SocketAddr, body: &str) -> TcpStream {
+    let mut stream = connect(addr);
+    write!(
+        stream,
+        "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{}",
+        body.len(),
+        &body[..SPLIT]
+    )
+    .expect("send the request head");
+    stream
+}
+
+fn finish_slow_post(stream: &mut TcpStream, body: &str) {
+    stream
+        .write_all(&body.as_bytes()[SPLIT..])
+        .expect("send the rest of the body");
+}
+
+/// The body of a link with a custom `code`.
+fn link_body(code: &str) -> String {
+    format!(r#"{{"url":"https://example.com/{code}","code":"{code}"}}"#)
+}
+
+/// Asserts an error answer: `status`, a JSON body `{"error": "..."}` with a
+/// message, and nothing of the internals. Returns the message.
+fn assert_json_error(response: &RawResponse, status: u16, case: &str) -> String {
+    let body = String::from_utf8_lossy(&response.body);
+    assert_eq!(response.status, status, "{case}: {response:?} {body}");
+    let content_type = response.header("content-type").unwrap_or_default();
+    assert!(
+        content_type.starts_with("application/json"),
+        "{case}: content-type {content_type:?}, body {body}"
+    );
+    let json = response.json();
+    let message = json["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{case}: no \"error\" string in {json}"));
+    assert!(!message.trim().is_empty(), "{case}: empty error message");
+    let lower = body.to_lowercase();
+    for word in INTERNALS {
+        assert!(!lower.contains(word), "{case}: {word:?} in the body {body}");
+    }
+    message.to_owned()
+}
+
+/// How the server ended a connection.
+#[derive(Debug, PartialEq, Eq)]
+enum Ending {
+    Eof,
+    Reset,
+}
+
+/// Writes `bytes` (a write error is fine: the server may close before it
+/// has read everything) and reads until the server closes the connection.
+///
+/// # Panics
+/// If the connection is still open after [`PATIENCE`].
+fn send_until_closed(addr: SocketAddr, bytes: &[u8]) -> (Vec<u8>, Ending) {
+    let mut stream = connect(addr);
+    let _ = stream.write_all(bytes);
+    stream
+        .set_read_timeout(Some(PATIENCE))
+        .expect("read timeout");
+    let mut received = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return (received, Ending::Eof),
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                return (received, Ending::Reset)
+            }
+            Err(e) => panic!(
+                "the connection was not closed within {PATIENCE:?} ({e}); received {:?}",
+                String::from_utf8_lossy(&received)
+            ),
+        }
+    }
+}
+
+/// Sends `bytes` and expects one response with `status`, then the end of
+/// the connection. Returns the response.
+fn expect_rejected(addr: SocketAddr, bytes: &[u8], status: u16, case: &str) -> RawResponse {
+    let (received, ending) = send_until_closed(addr, bytes);
+    let response = read_response(&mut received.as_slice()).unwrap_or_else(|e| {
+        panic!(
+            "{case}: no complete response before {ending:?} ({e}): {:?}",
+            String::from_utf8_lossy(&received)
+        )
+    });
+    assert_eq!(response.status, status, "{case}: {response:?}");
+    assert_no_internals(&response, case);
+    response
+}
+
+/// hyper answers requests it cannot parse itself, with an empty body (the
+/// application never sees them); whatever the body, it says nothing of the
+/// internals, and if it is not empty it is a JSON error.
+fn assert_no_internals(response: &RawResponse, case: &str) {
+    if response.body.is_empty() {
+        return;
+    }
+    let body = String::from_utf8_lossy(&response.body).to_lowercase();
+    assert!(
+        response.json()["error"].is_string(),
+        "{case}: not a JSON error: {body}"
+    );
+    for word in INTERNALS {
+        assert!(!body.contains(word), "{case}: {word:?} in the body {body}");
+    }
+}
+
+/// Whether nothing at all (no data, no EOF) arrives on `stream` within
+/// `within`; consumes nothing.
+fn silent_for(stream: &TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).expect("read timeout");
+    let mut byte = [0u8; 1];
+    let silent = match stream.peek(&mut byte) {
+        Ok(_) => false,
+        Err(e) => matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ),
+    };
+    stream
+        .set_read_timeout(Some(support::binary::IO_TIMEOUT))
+        .expect("read timeout");
+    silent
+}
+
+// === metrics ===
+
+fn metrics(addr: SocketAddr) -> String {
+    let response = fresh_get(addr, "/metrics");
+    assert_eq!(response.status, 200, "{response:?}");
+    String::from_utf8_lossy(&response.body).into_owned()
+}
+
+/// The value of the unlabelled series `name` in a `/metrics` text.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// Waits until the series `name` satisfies `wanted`; returns its value.
+fn wait_metric(addr: SocketAddr, name: &str, wanted: impl Fn(f64) -> bool) -> f64 {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let text = metrics(addr);
+        if let Some(value) = metric(&text, name).filter(|value| wanted(*value)) {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} never reached the expected value; last /metrics:\n{text}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until `n` requests besides the `/metrics` probe itself are in
+/// flight.
+fn wait_in_flight(addr: SocketAddr, n: i64) {
+    // The probe counts itself.
+    wait_metric(addr, "lameduck_requests_in_flight", |value| {
+        value > n as f64
+    });
+}
+
+/// Waits until `path` answers `status`; returns how long that took.
+fn wait_status(addr: SocketAddr, path: &str, status: u16, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let response = fresh_get(addr, path);
+        if response.status == status {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "{path} did not answer {status} within {within:?}; last: {response:?} {}",
+            String::from_utf8_lossy(&response.body)
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn exit_code(server: &mut LameduckProcess) -> i32 {
+    let status = server
+        .wait_exit(PATIENCE)
+        .unwrap_or_else(|| panic!("still running; logs:\n{}", server.log_text()));
+    status
+        .code()
+        .unwrap_or_else(|| panic!("ended by a signal ({status}); logs:\n{}", server.log_text()))
+}
+
+// === HTTP/2 frames ===
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const H2_SETTINGS: u8 = 0x4;
+const H2_PING: u8 = 0x6;
+const H2_GOAWAY: u8 = 0x7;
+const H2_ACK: u8 = 0x1;
+/// An empty SETTINGS frame on stream 0.
+const H2_EMPTY_SETTINGS: [u8; 9] = [0, 0, 0, H2_SETTINGS, 0, 0, 0, 0, 0];
+
+/// One frame as the server sent it.
+#[derive(Debug)]
+struct Frame {
+    kind: u8,
+    flags: u8,
+    payload: Vec<u8>,
+}
+
+/// Reads one frame; `Ok(None)` on EOF between frames.
+fn read_frame(stream: &mut TcpStream) -> io::Result<Option<Frame>> {
+    let mut header = [0u8; 9];
+    let mut filled = 0;
+    while filled < header.len() {
+        match stream.read(&mut header[filled..])? {
+            0 if filled == 0 => return Ok(None),
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n => filled += n,
+        }
+    }
+    let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+    let mut payload = vec![0; length];
+    stream.read_exact(&mut payload)?;
+    Ok(Some(Frame {
+        kind: header[3],
+        flags: header[4],
+        payload,
+    }))
+}
+
+/// A raw HTTP/2 connection: preface and an empty SETTINGS frame sent.
+fn h2_connect(addr: SocketAddr) -> TcpStream {
+    let mut stream = connect(addr);
+    stream.write_all(H2_PREFACE).expect("send the preface");
+    stream.write_all(&H2_EMPTY_SETTINGS).expect("send SETTINGS");
+    stream
+}
+
+/// Plays a well-behaved, idle HTTP/2 client on `stream` (acknowledges
+/// SETTINGS and, if `answer_pings`, PINGs) until the server closes it or
+/// `within` passes. Returns the GOAWAY frames seen and whether it closed.
+fn h2_idle_until_closed(
+    stream: &mut TcpStream,
+    within: Duration,
+    answer_pings: bool,
+) -> (usize, bool) {
+    let deadline = Instant::now() + within;
+    let mut goaways = 0;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return (goaways, false);
+        }
+        stream.set_read_timeout(Some(left)).expect("read timeout");
+        let frame = match read_frame(stream) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return (goaways, true),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return (goaways, true),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return (goaways, false)
+            }
+            Err(e) => panic!("reading HTTP/2 frames: {e}"),
+        };
+        match frame.kind {
+            H2_SETTINGS if frame.flags & H2_ACK == 0 => {
+                let _ = stream.write_all(&[0, 0, 0, H2_SETTINGS, H2_ACK, 0, 0, 0, 0]);
+            }
+            H2_PING if frame.flags & H2_ACK == 0 && answer_pings => {
+                let mut ack = vec![0, 0, 8, H2_PING, H2_ACK, 0, 0, 0, 0];
+                ack.extend_from_slice(&frame.payload);
+                let _ = stream.write_all(&ack);
+            }
+            H2_GOAWAY => goaways += 1,
+            _ => {}
+        }
+    }
+}
+
+// === body limit ===
+
+// Gap: a body over `--max-body-bytes` must be refused with 413 and a JSON
+// error whether its size is announced (Content-Length) or not (chunked),
+// and must store nothing; a body under the limit still goes through.
+#[test]
+fn a_body_over_the_limit_gets_413_with_a_json_error() {
+    let mut server = Server::start(&["--max-body-bytes", "1024"]);
+    let addr = server.addr();
+    // Valid JSON that would be stored if the limit did not hold: padding
+    // with whitespace keeps it valid at any size.
+    let padded = |code: &str, size: usize| {
+        let head = format!(r#"{{"url":"https://example.com/{code}","code":"{code}""#);
+        format!("{head}{}}}", " ".repeat(size - head.len() - 1))
+    };
+
+    let big = padded("too-big", 4096);
+    let response = post_json(addr, &big);
+    assert_json_error(&response, 413, "4 KiB body with Content-Length");
+
+    let mut stream = connect(addr);
+    write!(
+        stream,
+        "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{big}\r\n0\r\n\r\n",
+        big.len()
+    )
+    .expect("send a chunked body");
+    let response = read_response(&mut stream).expect("an answer to the chunked body");
+    assert_json_error(&response, 413, "4 KiB chunked body");
+
+    let response = fresh_get(addr, "/api/links/too-big");
+    assert_json_error(&response, 404, "the refused link");
+    assert_eq!(server.stored(), (0, 0), "a refused body stored something");
+
+    let response = post_json(addr, &padded("fits", 1000));
+    assert_eq!(response.status, 201, "a body under the limit: {response:?}");
+    assert_eq!(server.stored(), (1, 1));
+    server.assert_serving("bodies over the limit");
+}
+
+// === slow clients ===
+
+/// One slowloris connection.
+struct SlowClient {
+    stream: TcpStream,
+    /// When its partial head was sent: the server's header timer starts
+    /// after that.
+    sent_at: Instant,
+    /// How long after `sent_at` the server closed it.
+    closed_after: Option<Duration>,
+    /// What the server sent before closing (a 408, if anything).
+    received: Vec<u8>,
+}
+
+impl SlowClient {
+    fn open(addr: SocketAddr, partial: &[u8]) -> SlowClient {
+        let mut stream = connect(addr);
+        stream.write_all(partial).expect("send the partial head");
+        let sent_at = Instant::now();
+        stream.set_nonblocking(true).expect("non-blocking");
+        SlowClient {
+            stream,
+            sent_at,
+            closed_after: None,
+            received: Vec::new(),
+        }
+    }
+
+    /// Reads whatever arrived; notes when the server closed the connection.
+    fn poll(&mut self) {
+        let mut buf = [0u8; 1024];
+        while self.closed_after.is_none() {
+            match self.stream.read(&mut buf) {
+                Ok(0) => self.closed(),
+                Ok(n) => self.received.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => self.closed(),
+            }
+        }
+    }
+
+    /// Sends one more byte of header, as a slowloris client does.
+    fn trickle(&mut self) {
+        if self.closed_after.is_none() {
+            match self.stream.write(b"a") {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => self.closed(),
+            }
+        }
+    }
+
+    fn closed(&mut self) {
+        self.closed_after = Some(self.sent_at.elapsed());
+    }
+}
+
+/// Opens `n` connections, each sending one of `partials` and then, if
+/// `trickle`, one more byte every 300 ms, against a server started with
+/// `--header-read-timeout 1s`. Follows them until the server has closed
+/// them all, or until [`FEW_SECONDS`] after the last one's timeout. Checks
+/// that each was closed, not before its timeout, and that whatever the
+/// server sent first was a 408.
+fn slow_clients_are_cut_off(addr: SocketAddr, partials: &[&[u8]], n: usize, trickle: bool) {
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    const TRICKLE_EVERY: Duration = Duration::from_millis(300);
+    let mut slow: Vec<SlowClient> = (0..n)
+        .map(|i| SlowClient::open(addr, partials[i % partials.len()]))
+        .collect();
+    let deadline =
+        slow.last().map_or_else(Instant::now, |last| last.sent_at) + TIMEOUT + FEW_SECONDS;
+    let mut next_trickle = Instant::now() + TRICKLE_EVERY;
+    loop {
+        slow.iter_mut().for_each(SlowClient::poll);
+        if slow.iter().all(|client| client.closed_after.is_some()) || Instant::now() >= deadline {
+            break;
+        }
+        if trickle && Instant::now() >= next_trickle {
+            slow.iter_mut().for_each(SlowClient::trickle);
+            next_trickle += TRICKLE_EVERY;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+
+    let open: Vec<usize> = (0..n).filter(|&i| slow[i].closed_after.is_none()).collect();
+    assert!(
+        open.is_empty(),
+        "{} of {n} slow connections still open {FEW_SECONDS:?} after their {TIMEOUT:?} header \
+         timeout (for example #{}, which sent {:?})",
+        open.len(),
+        open[0],
+        String::from_utf8_lossy(partials[open[0] % partials.len()])
+    );
+    for (i, client) in slow.iter().enumerate() {
+        let closed_after = client.closed_after.unwrap_or_default();
+        assert!(
+            closed_after >= TIMEOUT.mul_f64(0.9),
+            "slow connection #{i} closed after only {closed_after:?}"
+        );
+        assert!(
+            client.received.is_empty() || client.received.starts_with(b"HTTP/1.1 408 "),
+            "slow connection #{i} got {:?}",
+            String::from_utf8_lossy(&client.received)
+        );
+    }
+}
+
+/// Sets a flag when dropped, even by a panic, so a helper thread stops.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+// Gap: slowloris. A thousand clients that send part of a request head and
+// then one byte every 300 ms must each be cut off soon after
+// `--header-read-timeout` (the timer is a deadline, not reset by each
+// byte), while normal clients are served throughout and after.
+#[test]
+fn slow_header_clients_are_cut_off_and_do_not_starve_normal_clients() {
+    const SLOW: usize = 1_000;
+    let mut server = Server::start(&["--header-read-timeout", "1s"]);
+    let addr = server.addr();
+    let partials: [&[u8]; 2] = [
+        b"GET /healthz HTTP/1.1\r\nHost: lameduck\r\nX-Slow: ",
+        b"POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: applica",
+    ];
+    let stop = AtomicBool::new(false);
+    let (served, failures) = thread::scope(|scope| {
+        let normal = scope.spawn(|| {
+            let started = Instant::now();
+            let (mut served, mut failures) = (0u32, Vec::new());
+            while !stop.load(Ordering::SeqCst) && started.elapsed() < 2 * PATIENCE {
+                let mut stream = connect(addr);
+                match get(&mut stream, "/healthz") {
+                    Ok(response) if response.status == 200 => served += 1,
+                    other => failures.push(format!("{other:?}")),
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            (served, failures)
+        });
+        let stop_guard = StopOnDrop(&stop);
+        slow_clients_are_cut_off(addr, &partials, SLOW, true);
+        drop(stop_guard);
+        normal.join().expect("the normal client thread")
+    });
+    assert!(
+        failures.is_empty(),
+        "normal clients failed while slow ones were held: {failures:?}"
+    );
+    assert!(served > 0, "no normal client was served");
+    server.assert_serving("a thousand slow clients");
+    assert_eq!(server.stored(), (0, 0));
+}
+
+// Gap: the header read timeout must hold from the moment a connection is
+// accepted, not only once hyper has recognised HTTP/1: a client that sends
+// nothing, or a partial HTTP/2 preface, is as much a slowloris as one that
+// sends half a request line. (Fails today: hyper-util's protocol detection
+// has no timeout and hyper's header timer starts after it, so such
+// connections are held until `--idle-timeout`, 60 s by default.)
+#[test]
+fn silent_clients_and_partial_http2_prefaces_are_cut_off_by_the_header_read_timeout() {
+    let mut server = Server::start(&["--header-read-timeout", "1s"]);
+    let addr = server.addr();
+    let partials: [&[u8]; 2] = [b"", b"PRI * HTTP/2.0\r\n"];
+    slow_clients_are_cut_off(addr, &partials, 20, false);
+    server.assert_serving("silent clients");
+}
+
+// === request timeout ===
+
+// Gap: `--request-timeout` must answer 503 with a JSON error when a request
+// is stuck in the database, and must fire the request's token so that its
+// transaction is cancelled inside PostgreSQL and rolled back: no row, no
+// session left idle in transaction, and the metrics say what happened.
+#[test]
+fn a_request_over_the_timeout_gets_503_and_its_transaction_rolls_back() {
+    let cluster = PgCluster::start();
+    let url = cluster.url();
+    // Started first, so that its migrations have created the tables.
+    let mut server =
+        LameduckProcess::start(&["--database-url", &url, "--request-timeout", "1s"], &[]);
+    let addr = server.addr();
+    let mut locker = Sql::connect(&url);
+    locker.execute("BEGIN; LOCK TABLE links IN ACCESS EXCLUSIVE MODE");
+
+    let started = Instant::now();
+    let response = post_json(addr, &link_body("timed-out"));
+    let took = started.elapsed();
+    let message = assert_json_error(&response, 503, "a request stuck on a lock");
+    assert!(message.contains("timed out"), "{message}");
+    assert!(
+        took >= Duration::from_millis(900) && took < FEW_SECONDS,
+        "answered after {took:?} with a 1 s request timeout"
+    );
+
+    // Still under the lock: the rollback can only come from the
+    // cancellation, not from the statement finishing.
+    wait_metric(addr, "lameduck_db_rollbacks_on_cancel_total", |n| n >= 1.0);
+    let text = metrics(addr);
+    assert_eq!(
+        metric(&text, "lameduck_requests_timed_out_total"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "lameduck_db_rollbacks_on_cancel_total"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "lameduck_db_statements_cancelled_total"),
+        Some(1.0),
+        "{text}"
+    );
+    locker.execute("ROLLBACK");
+
+    let response = fresh_get(addr, "/api/links/timed-out");
+    assert_json_error(&response, 404, "the timed-out link");
+    let mut observer = Sql::connect(&url);
+    assert_eq!(
+        observer.count("SELECT count(*) FROM links WHERE code = 'timed-out'"),
+        0
+    );
+    assert_eq!(
+        observer.count("SELECT count(*) FROM link_audit WHERE code = 'timed-out'"),
+        0
+    );
+    assert_eq!(
+        observer.count(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = 'lameduck' AND state LIKE 'idle in transaction%'"
+        ),
+        0,
+        "a service session was left idle in transaction"
+    );
+    // The pool is healthy: the next request goes through.
+    let response = post_json(addr, &link_body("after-timeout"));
+    assert_eq!(response.status, 201, "{response:?}");
+
+    server.signal(Signal::SIGTERM);
+    assert_eq!(exit_code(&mut server), 0, "{}", server.log_text());
+}
+
+// === connection limit ===
+
+// Gap: at `--max-connections` the server must stop accepting and let new
+// connections wait in the kernel backlog (back-pressure), not refuse or
+// reset them: a fifth connection's request gets no answer while four are
+// held, and is answered as soon as one of them closes.
+#[test]
+fn at_the_connection_limit_new_connections_wait_instead_of_failing() {
+    let mut server = Server::start(&["--max-connections", "4"]);
+    let addr = server.addr();
+    let mut held: Vec<TcpStream> = (0..4)
+        .map(|i| {
+            let mut stream = connect(addr);
+            let response = get(&mut stream, "/healthz").expect("GET /healthz");
+            assert_eq!(response.status, 200, "held connection {i}: {response:?}");
+            assert!(!response.closes_connection(), "{response:?}");
+            stream
+        })
+        .collect();
+
+    let mut waiting = connect(addr);
+    write!(waiting, "GET /healthz HTTP/1.1\r\nHost: lameduck\r\n\r\n").expect("send");
+    assert!(
+        silent_for(&waiting, Duration::from_millis(500)),
+        "a fifth connection was served (or closed) while four were held"
+    );
+
+    drop(held.pop());
+    let response = read_response(&mut waiting).expect("the waiting request is answered");
+    assert_eq!(response.status, 200, "{response:?}");
+    for (i, stream) in held.iter_mut().enumerate() {
+        let response = get(stream, "/healthz").expect("a held connection still serves");
+        assert_eq!(response.status, 200, "held connection {i}: {response:?}");
+    }
+    // Free the slots: the check below needs a connection of its own.
+    drop(held);
+    drop(waiting);
+    server.assert_serving("the connection limit");
+}
+
+// === concurrency limit ===
+
+// Gap: past `--max-concurrent-requests`, API requests must be shed at once
+// with 503, `Retry-After` and a JSON error rather than queued, while
+// health, readiness and metrics are never shed; once the load is gone, API
+// requests succeed again.
+#[test]
+fn past_the_concurrency_limit_api_requests_are_shed_with_503_and_retry_after() {
+    let mut server = Server::start(&["--max-concurrent-requests", "2"]);
+    let addr = server.addr();
+    let bodies = [link_body("held-1"), link_body("held-2")];
+    let mut held: Vec<TcpStream> = bodies
+        .iter()
+        .map(|body| start_slow_post(addr, body))
+        .collect();
+    wait_in_flight(addr, 2);
+
+    let started = Instant::now();
+    let response = fresh_get(addr, "/api/links/x");
+    let took = started.elapsed();
+    assert_json_error(&response, 503, "a third API request");
+    assert_eq!(response.header("retry-after"), Some("1"), "{response:?}");
+    assert!(took < QUICKLY, "shedding took {took:?}");
+    let response = post_json(addr, &link_body("shed"));
+    assert_json_error(&response, 503, "a third API request (POST)");
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let response = fresh_get(addr, path);
+        assert_eq!(response.status, 200, "{path} at the limit: {response:?}");
+    }
+
+    for (stream, body) in held.iter_mut().zip(&bodies) {
+        finish_slow_post(stream, body);
+        let response = read_response(stream).expect("a held request is answered");
+        assert_eq!(response.status, 201, "{response:?}");
+    }
+    let response = fresh_get(addr, "/api/links/held-1");
+    assert_eq!(response.status, 200, "after the load: {response:?}");
+    assert_json_error(&fresh_get(addr, "/api/links/shed"), 404, "the shed link");
+    let shed = metric(&metrics(addr), "lameduck_requests_shed_total");
+    assert!(
+        shed.is_some_and(|n| n >= 2.0),
+        "requests_shed_total: {shed:?}"
+    );
+    assert_eq!(server.stored(), (2, 2));
+    server.assert_serving("shedding");
+}
+
+// === HTTP/2 ===
+
+// Gap: `--h2-max-concurrent-streams` must reach the wire: the server's
+// first SETTINGS frame advertises it, so clients never open more.
+#[test]
+fn http2_connections_advertise_the_max_concurrent_streams() {
+    const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
+    let server = Server::start(&["--h2-max-concurrent-streams", "7"]);
+    let mut stream = h2_connect(server.addr());
+    let settings = (0..10)
+        .find_map(|_| {
+            let frame = read_frame(&mut stream)
+                .expect("read a frame")
+                .expect("a frame before EOF");
+            (frame.kind == H2_SETTINGS && frame.flags & H2_ACK == 0).then_some(frame)
+        })
+        .expect("a SETTINGS frame among the first ten frames");
+    let advertised: Vec<(u16, u32)> = settings
+        .payload
+        .chunks_exact(6)
+        .map(|entry| {
+            (
+                u16::from_be_bytes([entry[0], entry[1]]),
+                u32::from_be_bytes([entry[2], entry[3], entry[4], entry[5]]),
+            )
+        })
+        .collect();
+    let max_streams = advertised
+        .iter()
+        .find(|(id, _)| *id == SETTINGS_MAX_CONCURRENT_STREAMS)
+        .map(|(_, value)| *value);
+    assert_eq!(max_streams, Some(7), "settings: {advertised:?}");
+}
+
+// === idle timeout ===
+
+// Gap: `--idle-timeout` must close idle keep-alive connections (HTTP/1
+// with EOF, HTTP/2 with GOAWAY and then EOF), and must not cut a connection
+// whose request is in flight for longer than the timeout.
+#[test]
+fn idle_keepalive_connections_are_closed_after_the_idle_timeout() {
+    const IDLE: Duration = Duration::from_secs(1);
+    let mut server = Server::start(&["--idle-timeout", "1s"]);
+    let addr = server.addr();
+
+    let body = link_body("long-request");
+    let mut busy = start_slow_post(addr, &body);
+    let busy_since = Instant::now();
+    wait_in_flight(addr, 1);
+
+    let mut idle = connect(addr);
+    let response = get(&mut idle, "/healthz").expect("GET /healthz");
+    assert_eq!(response.status, 200, "{response:?}");
+    assert!(!response.closes_connection(), "{response:?}");
+    let idle_since = Instant::now();
+    assert!(
+        wait_for_eof(&mut idle, IDLE + FEW_SECONDS).expect("EOF, not a reset"),
+        "an idle HTTP/1 connection is still open {:?} after its last response",
+        idle_since.elapsed()
+    );
+    let closed_after = idle_since.elapsed();
+    assert!(
+        closed_after >= IDLE.mul_f64(0.8),
+        "closed after {closed_after:?}"
+    );
+
+    let mut h2 = h2_connect(addr);
+    let (goaways, closed) = h2_idle_until_closed(&mut h2, IDLE + FEW_SECONDS, true);
+    assert!(closed, "an idle HTTP/2 connection is still open");
+    assert!(
+        goaways > 0,
+        "an idle HTTP/2 connection closed without GOAWAY"
+    );
+
+    // The request in flight has outlived the idle timeout twice over.
+    let held_for = IDLE * 2 + Duration::from_millis(500);
+    thread::sleep(held_for.saturating_sub(busy_since.elapsed()));
+    assert!(
+        silent_for(&busy, Duration::from_millis(1)),
+        "the connection of a request in flight was closed"
+    );
+    finish_slow_post(&mut busy, &body);
+    let response = read_response(&mut busy).expect("the long request is answered");
+    assert_eq!(response.status, 201, "{response:?}");
+    assert!(!response.closes_connection(), "{response:?}");
+    // Then that connection is idle too.
+    assert!(
+        wait_for_eof(&mut busy, IDLE + FEW_SECONDS).expect("EOF"),
+        "the connection stayed open after its request"
+    );
+    server.assert_serving("idle timeouts");
+}
+
+// Gap: the idle timeout is what load balancers are configured against
+// (their own keep-alive must be shorter); an idle HTTP/1 keep-alive
+// connection must stay open until `--idle-timeout`, not be closed by the
+// header read timeout. (Fails today: hyper starts its header read timer as
+// soon as it waits for the next request, so an idle keep-alive connection
+// is closed after `--header-read-timeout`, 10 s by default, not 60 s.)
+#[test]
+fn idle_keepalive_connections_stay_open_until_the_idle_timeout_not_the_header_timeout() {
+    let server = Server::start(&["--header-read-timeout", "1s", "--idle-timeout", "4s"]);
+    let addr = server.addr();
+    let mut idle = connect(addr);
+    let response = get(&mut idle, "/healthz").expect("GET /healthz");
+    assert_eq!(response.status, 200, "{response:?}");
+    let since = Instant::now();
+    let closed = wait_for_eof(&mut idle, Duration::from_millis(2_500)).expect("EOF");
+    assert!(
+        !closed,
+        "an idle keep-alive connection was closed {:?} after its response, before the 4 s \
+         idle timeout",
+        since.elapsed()
+    );
+    let response = get(&mut idle, "/healthz").expect("the idle connection still serves");
+    assert_eq!(response.status, 200, "{response:?}");
+    assert!(
+        wait_for_eof(&mut idle, Duration::from_secs(4) + FEW_SECONDS).expect("EOF"),
+        "the connection outlived the idle timeout"
+    );
+}
+
+// Gap: the idle timeout closes HTTP/2 connections with a graceful GOAWAY,
+// which waits for the client's PING acknowledgement; a client that never
+// answers must not keep the connection (and its slot under
+// `--max-connections`, and later the drain) forever. (Fails today: the h2
+// crate waits for the PONG with no bound, and serve.rs never escalates.)
+#[test]
+fn idle_http2_connections_are_closed_even_if_the_client_ignores_pings() {
+    let server = Server::start(&["--idle-timeout", "1s"]);
+    let mut h2 = h2_connect(server.addr());
+    let (goaways, closed) =
+        h2_idle_until_closed(&mut h2, Duration::from_secs(1) + FEW_SECONDS, false);
+    assert!(goaways > 0, "no GOAWAY after the idle timeout");
+    assert!(
+        closed,
+        "an idle HTTP/2 connection whose client ignores PINGs is still open {FEW_SECONDS:?} \
+         after the idle timeout"
+    );
+}
+
+// Gap: the same client at shutdown. The drain closes idle HTTP/2
+// connections with a graceful GOAWAY; one peer that never acknowledges the
+// PING (a frozen process, a half-open connection whose peer vanished) must
+// not hold the drain until `--shutdown-timeout` and turn a clean shutdown
+// into exit code 3. (Fails today: the drain waits for it until the
+// deadline, abandons it and exits 3.)
+#[test]
+fn an_http2_client_that_ignores_pings_does_not_hold_the_drain_to_the_deadline() {
+    let mut server = LameduckProcess::start(&["--shutdown-timeout", "10s"], &[]);
+    let mut h2 = h2_connect(server.addr());
+    // The connection is up: the server's SETTINGS came back.
+    let frame = read_frame(&mut h2).expect("read").expect("SETTINGS");
+    assert_eq!(frame.kind, H2_SETTINGS, "{frame:?}");
+
+    let signalled = Instant::now();
+    server.signal(Signal::SIGTERM);
+    let status = server.wait_exit(FEW_SECONDS);
+    let logs = server.log_text();
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "still draining {FEW_SECONDS:?} after SIGTERM with one idle HTTP/2 connection \
+             whose client ignores PINGs; logs:\n{logs}"
+        )
+    });
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "after {:?}; logs:\n{logs}",
+        signalled.elapsed()
+    );
+    drop(h2);
+}
+
+// === the database goes away ===
+
+// Gap: a database outage must be a state, not a failure: readiness turns
+// false within a few seconds, requests that need the database fail fast
+// with 503 and a JSON error instead of waiting for a connection, redirects
+// of cached links keep working and counting, and once the database is back
+// readiness returns and every hit counted during the outage is stored.
+#[test]
+fn when_the_database_goes_away_requests_fail_fast_readiness_drops_and_hits_are_not_lost() {
+    const OUTAGE_REDIRECTS: i64 = 20;
+    let cluster = PgCluster::start();
+    let url = cluster.url();
+    let mut server = LameduckProcess::start(&["--database-url", &url], &[]);
+    let addr = server.addr();
+    let response = post_json(addr, &link_body("outage"));
+    assert_eq!(response.status, 201, "{response:?}");
+    let mut redirects = 0;
+    let response = fresh_get(addr, "/outage");
+    assert_eq!(response.status, 307, "{response:?}");
+    redirects += 1;
+
+    cluster.stop();
+    wait_status(addr, "/readyz", 503, FEW_SECONDS);
+    let started = Instant::now();
+    let response = post_json(addr, &link_body("during-outage"));
+    assert!(
+        started.elapsed() < QUICKLY,
+        "POST took {:?}",
+        started.elapsed()
+    );
+    assert_json_error(&response, 503, "POST during the outage");
+    let started = Instant::now();
+    let response = fresh_get(addr, "/api/links/outage");
+    assert!(
+        started.elapsed() < QUICKLY,
+        "GET took {:?}",
+        started.elapsed()
+    );
+    assert_json_error(&response, 503, "GET during the outage");
+    for _ in 0..OUTAGE_REDIRECTS {
+        let response = fresh_get(addr, "/outage");
+        assert_eq!(response.status, 307, "a cached redirect: {response:?}");
+        assert_eq!(
+            response.header("location"),
+            Some("https://example.com/outage")
+        );
+        redirects += 1;
+    }
+    assert_eq!(fresh_get(addr, "/healthz").status, 200, "liveness");
+
+    cluster.start_again();
+    wait_status(addr, "/readyz", 200, FEW_SECONDS);
+    let response = fresh_get(addr, "/api/links/outage");
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(response.json()["hits"], redirects, "{:?}", response.json());
+    assert_json_error(
+        &fresh_get(addr, "/api/links/during-outage"),
+        404,
+        "the refused link",
+    );
+
+    server.signal(Signal::SIGTERM);
+    assert_eq!(exit_code(&mut server), 0, "{}", server.log_text());
+    let mut sql = Sql::connect(&url);
+    assert_eq!(
+        sql.count("SELECT CAST(COALESCE(SUM(hits), 0) AS BIGINT) FROM links"),
+        redirects
+    );
+    assert_eq!(sql.count("SELECT count(*) FROM links"), 1);
+}
+
+// === bad input ===
+
+// Gap: bytes that are not HTTP at all (binary junk, a TLS handshake, a
+// broken HTTP/2 connection) must end that connection, with a 400 at most,
+// and must neither crash the server nor store anything.
+#[test]
+fn garbage_bytes_on_the_socket_get_400_or_a_closed_connection() {
+    let mut server = Server::start(&[]);
+    let addr = server.addr();
+    assert_eq!(post_json(addr, &link_body("before")).status, 201);
+    let before = server.stored();
+
+    // A deterministic pseudo-random megabyte.
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let noise: Vec<u8> = (0..1 << 20)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()[0]
+        })
+        .collect();
+    let mut tls_hello = vec![
+        0x16, 0x03, 0x01, 0x00, 0xa5, 0x01, 0x00, 0x00, 0xa1, 0x03, 0x03,
+    ];
+    tls_hello.extend([0u8; 64]);
+    let mut broken_h2 = H2_PREFACE.to_vec();
+    broken_h2.extend([0xff; 64]);
+    let cases: [(&str, &[u8]); 5] = [
+        ("binary junk", b"\x00\x01\x02\xff\xfe junk\r\n\r\n"),
+        ("a TLS ClientHello", &tls_hello),
+        ("an HTTP/2 preface and junk frames", &broken_h2),
+        ("a megabyte of noise", &noise),
+        ("a method of DEL bytes", b"\x7f\x7f\x7f / HTTP/1.1\r\n\r\n"),
+    ];
+    for (case, bytes) in cases {
+        let (received, ending) = send_until_closed(addr, bytes);
+        if received.starts_with(b"HTTP/") {
+            let response =
+                read_response(&mut received.as_slice()).unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(response.status, 400, "{case}: {response:?} then {ending:?}");
+            assert_no_internals(&response, case);
+        } else if case.contains("HTTP/2") {
+            // The server's SETTINGS, then GOAWAY with an error; then EOF.
+            assert!(received.len() >= 9, "{case}: {received:?} then {ending:?}");
+        } else {
+            assert!(
+                received.is_empty(),
+                "{case}: the server sent something that is not HTTP: {:?}",
+                String::from_utf8_lossy(&received)
+            );
+        }
+        server.assert_serving(case);
+    }
+    assert_eq!(server.stored(), before, "garbage changed what is stored");
+}
+
+// Gap: request lines and headers that break HTTP/1.1's grammar (or its
+// framing rules, which request smuggling relies on) must get 400 and a
+// closed connection, never a guess at what was meant.
+#[test]
+fn malformed_request_lines_and_headers_get_400() {
+    let mut server = Server::start(&[]);
+    let addr = server.addr();
+    assert_eq!(post_json(addr, &link_body("before")).status, 201);
+    let before = server.stored();
+    let create = |headers: &str, body: &str| {
+        format!("POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n{headers}\r\n{body}")
+    };
+    let link = link_body("smuggled");
+    let cases: Vec<(&str, String)> = vec![
+        ("no target or version", "GET\r\n\r\n".to_owned()),
+        (
+            "an unknown HTTP version",
+            "GET /healthz HTTP/9.9\r\nHost: lameduck\r\n\r\n".to_owned(),
+        ),
+        (
+            "a method that is not a token",
+            "G@T /healthz HTTP/1.1\r\nHost: lameduck\r\n\r\n".to_owned(),
+        ),
+        (
+            "a space in the target",
+            "GET /heal thz HTTP/1.1\r\nHost: lameduck\r\n\r\n".to_owned(),
+        ),
+        (
+            "a header line without a colon",
+            "GET /healthz HTTP/1.1\r\nHost lameduck\r\n\r\n".to_owned(),
+        ),
+        (
+            "a space in a header name",
+            "GET /healthz HTTP/1.1\r\nHost: lameduck\r\nBad Name: x\r\n\r\n".to_owned(),
+        ),
+        (
+            "a NUL in a header value",
+            "GET /healthz HTTP/1.1\r\nHost: lameduck\r\nX-Nul: a\0b\r\n\r\n".to_owned(),
+        ),
+        (
+            "two different Content-Lengths",
+            create(
+                &format!("Content-Length: {}\r\nContent-Length: 5\r\n", link.len()),
+                &link,
+            ),
+        ),
+        (
+            "a Content-Length that is not a number",
+            create("Content-Length: lots\r\n", &link),
+        ),
+        (
+            "a Transfer-Encoding that does not end in chunked",
+            create("Transfer-Encoding: gzip\r\n", &link),
+        ),
+    ];
+    for (case, request) in &cases {
+        expect_rejected(addr, request.as_bytes(), 400, case);
+        server.assert_serving(case);
+    }
+    assert_eq!(
+        server.stored(),
+        before,
+        "a malformed request stored something"
+    );
+    assert_json_error(
+        &fresh_get(addr, "/api/links/smuggled"),
+        404,
+        "the smuggled link",
+    );
+}
+
+// Gap: heads too large to buffer must be refused by status (431 for
+// headers, a 4xx for the target), not by a reset that a client cannot tell
+// from a crash, and must not hurt the server.
+#[test]
+fn oversized_headers_get_431_and_oversized_urls_a_4xx() {
+    let mut server = Server::start(&[]);
+    let addr = server.addr();
+    assert_eq!(post_json(addr, &link_body("before")).status, 201);
+    let before = server.stored();
+
+    let many: String = (0..200)
+        .map(|i| format!("X-Header-{i}: value\r\n"))
+        .collect();
+    let cases = [
+        (
+            "two hundred headers",
+            format!("GET /healthz HTTP/1.1\r\nHost: lameduck\r\n{many}\r\n"),
+        ),
+        (
+            "a one-megabyte header",
+            format!(
+                "GET /healthz HTTP/1.1\r\nHost: lameduck\r\nX-Big: {}\r\n\r\n",
+                "a".repeat(1 << 20)
+            ),
+        ),
+    ];
+    for (case, request) in &cases {
+        expect_rejected(addr, request.as_bytes(), 431, case);
+        server.assert_serving(case);
+    }
+    for (case, length) in [("a 70 KB URL", 70_000), ("a one-megabyte URL", 1 << 20)] {
+        let request = format!(
+            "GET /api/links/{} HTTP/1.1\r\nHost: lameduck\r\n\r\n",
+            "a".repeat(length)
+        );
+        let (received, ending) = send_until_closed(addr, request.as_bytes());
+        let response = read_response(&mut received.as_slice())
+            .unwrap_or_else(|e| panic!("{case}: no response before {ending:?}: {e}"));
+        assert!(
+            (400..500).contains(&response.status),
+            "{case}: {response:?}"
+        );
+        assert_no_internals(&response, case);
+        server.assert_serving(case);
+    }
+    assert_eq!(
+        server.stored(),
+        before,
+        "an oversized request stored something"
+    );
+}
+
+// Gap: the JSON API's own rejections must each say what is wrong, with the
+// right 4xx and a JSON body: a syntax error, the wrong or no content type,
+// bytes that are not UTF-8 in the body, a JSON value of the wrong shape,
+// and a path whose percent-encoding decodes to invalid UTF-8.
+#[test]
+fn invalid_json_wrong_content_type_and_invalid_utf8_get_clear_4xx_json_errors() {
+    let mut server = Server::start(&[]);
+    let addr = server.addr();
+    assert_eq!(post_json(addr, &link_body("before")).status, 201);
+    let before = server.stored();
+    let valid = link_body("not-stored");
+
+    let cases: [(&str, &[u8], Option<&str>, u16); 8] = [
+        (
+            "a JSON syntax error",
+            br#"{"url":"#,
+            Some("application/json"),
+            400,
+        ),
+        ("no content type", valid.as_bytes(), None, 415),
+        ("text/plain", valid.as_bytes(), Some("text/plain"), 415),
+        (
+            "form encoding",
+            b"url=https%3A%2F%2Fexample.com",
+            Some("application/x-www-form-urlencoded"),
+            415,
+        ),
+        (
+            "invalid UTF-8 in the body",
+            b"{\"url\":\"https://example.com/\xff\xfe\",\"code\":\"not-stored\"}",
+            Some("application/json"),
+            400,
+        ),
+        (
+            "a number for the URL",
+            br#"{"url":5}"#,
+            Some("application/json"),
+            400,
+        ),
+        (
+            "an unknown field",
+            br#"{"url":"https://example.com/","code":"not-stored","extra":1}"#,
+            Some("application/json"),
+            400,
+        ),
+        ("an empty body", b"", Some("application/json"), 400),
+    ];
+    for (case, body, content_type, status) in cases {
+        let response = post_links(addr, body, content_type);
+        assert_json_error(&response, status, case);
+        server.assert_serving(case);
+    }
+    for path in ["/api/links/%FF%FE", "/%FF%FE", "/api/links/%C3%28"] {
+        let response = fresh_get(addr, path);
+        assert!(
+            (400..500).contains(&response.status),
+            "{path}: {response:?}"
+        );
+        assert_json_error(&response, response.status, path);
+        server.assert_serving(path);
+    }
+    assert_eq!(
+        server.stored(),
+        before,
+        "a rejected request stored something"
+    );
+    assert_json_error(
+        &fresh_get(addr, "/api/links/not-stored"),
+        404,
+        "the rejected link",
+    );
+}
+
+// === secrets ===
+
+// Gap: the database URL carries the password; it must not leak through
+// any channel an operator or a client can read, even at debug level and
+// through an outage, when connection errors are most verbose.
+#[test]
+fn the_database_password_never_appears_in_logs_errors_or_metrics() {
+    let cluster = PgCluster::start();
+    let url = cluster.url();
+    let password = cluster.password().to_owned();
+    let mut server = LameduckProcess::start(
+        &["--log-format", "json"],
+        &[("DATABASE_URL", url.as_str()), ("RUST_LOG", "debug")],
+    );
+    let addr = server.addr();
+    let mut seen: Vec<String> = Vec::new();
+    let mut keep = |response: RawResponse| {
+        seen.push(format!(
+            "{response:?} {}",
+            String::from_utf8_lossy(&response.body)
+        ));
+        response
+    };
+
+    assert_eq!(keep(post_json(addr, &link_body("secret"))).status, 201);
+    assert_eq!(keep(fresh_get(addr, "/secret")).status, 307);
+    assert_eq!(keep(fresh_get(addr, "/api/links/secret")).status, 200);
+    keep(fresh_get(addr, "/api/links/missing"));
+    keep(post_links(addr, b"{", Some("application/json")));
+
+    cluster.stop();
+    wait_status(addr, "/readyz", 503, FEW_SECONDS);
+    keep(fresh_get(addr, "/readyz"));
+    keep(post_json(addr, &link_body("down")));
+    keep(fresh_get(addr, "/api/links/secret"));
+    keep(fresh_get(addr, "/api/links/unknown"));
+    keep(fresh_get(addr, "/unknown"));
+    keep(fresh_get(addr, "/secret"));
+    keep(fresh_get(addr, "/metrics"));
+    cluster.start_again();
+    wait_status(addr, "/readyz", 200, FEW_SECONDS);
+    keep(fresh_get(addr, "/api/links/secret"));
+    keep(fresh_get(addr, "/metrics"));
+
+    server.signal(Signal::SIGTERM);
+    assert_eq!(exit_code(&mut server), 0, "{}", server.log_text());
+    let logs = server.logs();
+    let leaks: Vec<&str> = logs
+        .iter()
+        .chain(&seen)
+        .map(String::as_str)
+        .filter(|text| text.contains(&password))
+        .collect();
+    assert!(
+        leaks.is_empty(),
+        "the password appears in {} log lines or responses:\n{}",
+        leaks.len(),
+        leaks.join("\n")
+    );
+    // The search covered the chatty channels: statement logging at debug
+    // level, and the outage.
+    for needle in ["sqlx::query", "database unreachable"] {
+        assert!(
+            logs.iter().any(|line| line.contains(needle)),
+            "no log line contains {needle:?}; logs:\n{}",
+            logs.join("\n")
+        );
+    }
+}
+
+// === request ids ===
+
+// Gap: a request id ties a client's report to the server's log line:
+// one the client sends is kept and echoed, one is generated otherwise, and
+// the per-request log line carries it in its span.
+#[test]
+fn request_ids_are_accepted_or_generated_returned_and_logged() {
+    let server = LameduckProcess::start(
+        &["--log-format", "json"],
+        &[("RUST_LOG", "info,lameduck::http=debug")],
+    );
+    let addr = server.addr();
+
+    let generated = fresh_get(addr, "/healthz");
+    assert_eq!(generated.status, 200, "{generated:?}");
+    let generated_id = generated
+        .header("x-request-id")
+        .unwrap_or_else(|| panic!("no x-request-id generated: {generated:?}"))
+        .to_owned();
+    assert_eq!(generated_id.len(), 36, "not a UUID: {generated_id}");
+    let other = fresh_get(addr, "/healthz");
+    assert_ne!(other.header("x-request-id"), Some(generated_id.as_str()));
+
+    let echoed = get_with(addr, "/healthz", "x-request-id: test-123\r\n");
+    assert_eq!(echoed.status, 200, "{echoed:?}");
+    assert_eq!(
+        echoed.header("x-request-id"),
+        Some("test-123"),
+        "{echoed:?}"
+    );
+    let error = get_with(addr, "/nope/nope", "x-request-id: test-404\r\n");
+    assert_json_error(&error, 404, "an unknown route");
+    assert_eq!(error.header("x-request-id"), Some("test-404"), "{error:?}");
+
+    for (id, status) in [
+        ("test-123", 200),
+        ("test-404", 404),
+        (generated_id.as_str(), 200),
+    ] {
+        let deadline = Instant::now() + PATIENCE;
+        let line = loop {
+            let found = server.logs().into_iter().find_map(|line| {
+                let json: serde_json::Value = serde_json::from_str(&line).ok()?;
+                let finished = json["message"] == "request finished"
+                    || json["fields"]["message"] == "request finished";
+                let span = &json["span"];
+                (finished && span["request_id"] == id).then_some(json)
+            });
+            if let Some(json) = found {
+                break json;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no \"request finished\" line with request_id {id} in its span; logs:\n{}",
+                server.log_text()
+            );
+            thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(line["status"], status, "{line}");
+        assert_eq!(line["span"]["name"], "request", "{line}");
+    }
+}

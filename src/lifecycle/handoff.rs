@@ -9,7 +9,8 @@
 //!   `LISTEN_FDS` protocol) and waiting for its `READY=1` on a private
 //!   `NOTIFY_SOCKET` (the `sd_notify` protocol). Both accept from the one
 //!   socket meanwhile, so nothing queued on it is lost; once the successor
-//!   is ready the old process drains and exits. If the successor exits or
+//!   is ready the old process goes through a lame-duck period of at least
+//!   [`UPGRADE_LAME_DUCK`], drains and exits. If the successor exits or
 //!   is not ready within [`UPGRADE_READY_TIMEOUT`], it is killed and the old
 //!   process keeps serving.
 
@@ -29,6 +30,13 @@ use super::{Shutdown, LOG_TARGET};
 /// How long a successor may take to report ready (startup includes
 /// migrations and spill replay) before the upgrade is abandoned.
 pub const UPGRADE_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The shortest lame-duck period of a process retiring after an upgrade:
+/// its keep-alive clients get `Connection: close` (or GOAWAY) on their next
+/// request and reconnect — to either process, on the shared socket — before
+/// idle connections are closed. Only a connection idle for this whole
+/// period can still meet HTTP/1.1's keep-alive race at the drain.
+pub const UPGRADE_LAME_DUCK: Duration = Duration::from_millis(500);
 
 /// The listener passed down by a service manager or a predecessor, if any.
 /// Call it before starting threads: it clears `LISTEN_FDS`/`LISTEN_PID` from
@@ -116,7 +124,8 @@ pub async fn upgrade_on_hangup(
         match upgrade(&listener, &successor).await {
             Ok(pid) => {
                 info!(target: LOG_TARGET, pid, "the new process is ready; this one drains and exits");
-                shutdown.trigger(format!("upgraded to pid {pid}"));
+                shutdown
+                    .trigger_with_lame_duck(format!("upgraded to pid {pid}"), UPGRADE_LAME_DUCK);
                 return;
             }
             Err(error) => {

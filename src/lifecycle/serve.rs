@@ -178,14 +178,15 @@ where
     let lame_duck = async {
         shutdown.triggered().await;
         let signalled = Instant::now();
-        if !config.drain_delay.is_zero() {
+        let delay = config.drain_delay.max(shutdown.min_lame_duck());
+        if !delay.is_zero() {
             info!(
                 target: LOG_TARGET,
-                delay = ?config.drain_delay,
+                ?delay,
                 "lame duck: still serving, asking clients to reconnect elsewhere"
             );
             tokio::select! {
-                () = tokio::time::sleep(config.drain_delay) => {}
+                () = tokio::time::sleep(delay) => {}
                 () = shutdown.forced() => {}
             }
         }

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tokio_util::task::TaskTracker;
@@ -91,6 +92,9 @@ struct Inner {
     abandoned: OnceLock<Abandoned>,
     /// Why shutdown started; set once, by the first call to `trigger`.
     reason: OnceLock<String>,
+    /// The shortest lame-duck period this shutdown asks for, whatever the
+    /// configured drain delay (an in-place upgrade asks for one).
+    min_lame_duck: OnceLock<Duration>,
     phase: AtomicU8,
     /// Tracks every connection task and every piece of request work spawned
     /// through a `RequestScope`; the drain waits on it.
@@ -114,7 +118,16 @@ impl Shutdown {
     /// Starts the shutdown timeline. Only the first call counts; it returns
     /// `true` for that call.
     pub fn trigger(&self, reason: impl Into<String>) -> bool {
+        self.trigger_with_lame_duck(reason, Duration::ZERO)
+    }
+
+    /// Like [`Shutdown::trigger`], with a lame-duck period of at least
+    /// `lame_duck` even if the configured drain delay is shorter: keep-alive
+    /// clients then get `Connection: close` (or GOAWAY) on their next request
+    /// and move to a new connection before idle ones are closed.
+    pub fn trigger_with_lame_duck(&self, reason: impl Into<String>, lame_duck: Duration) -> bool {
         let reason = reason.into();
+        let _ = self.inner.min_lame_duck.set(lame_duck);
         if self.inner.reason.set(reason.clone()).is_err() {
             return false;
         }
@@ -162,6 +175,11 @@ impl Shutdown {
     /// Why shutdown started, if it has.
     pub fn reason(&self) -> Option<&str> {
         self.inner.reason.get().map(String::as_str)
+    }
+
+    /// The shortest lame-duck period the trigger asked for.
+    pub fn min_lame_duck(&self) -> Duration {
+        self.inner.min_lame_duck.get().copied().unwrap_or_default()
     }
 
     /// The current phase.

@@ -1,0 +1,890 @@
+//! Restarts that never close the socket, tested against the real binary:
+//! socket activation (`LISTEN_FDS`) and the in-place upgrade on SIGHUP
+//! (`src/lifecycle/handoff.rs`).
+//!
+//! The processes here are started by [`Server`] rather than
+//! `LameduckProcess`: they need a listening socket mapped to fd 3, a binary
+//! other than Cargo's, and a process group of their own, so that a failing
+//! test kills the successors a server started, not only the server.
+
+mod support;
+
+use std::error::Error as _;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use command_fds::{CommandFdExt, FdMapping};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::header::{CONNECTION, HOST};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use nix::errno::Errno;
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use tempfile::TempDir;
+
+use support::binary::{connect, get, read_response, BINARY};
+
+/// Generous bound on anything that should take well under a second: a log
+/// line to appear, a process to start, get ready or exit. Reaching it is a
+/// failure.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+/// How often the wait loops poll.
+const POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+/// What the server logs once it serves, followed by its address.
+const LISTENING: &str = "listening on http://";
+
+/// What the server logs when it serves a socket it was given.
+const INHERITED: &str = "serving an inherited listening socket";
+
+// === tests ===
+
+// Gap: socket activation end to end. The server serves the socket it is
+// given instead of binding `--listen` (an address already taken, so binding
+// it would fail), and connections made while no process runs wait in the
+// socket's backlog and are answered by the next process given the socket.
+// That is what `systemctl restart` relies on with a `.socket` unit.
+#[test]
+fn socket_activation_serves_the_inherited_listener() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the activation socket");
+    let addr = listener.local_addr().expect("its address");
+    // `--listen` names a port somebody else holds: if the server tried to
+    // bind it instead of using fd 3, it would fail to start.
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind a blocker");
+    let taken_addr = taken.local_addr().expect("its address").to_string();
+    let data = tempdir("lameduck-activation-");
+
+    let activated = |listener: &TcpListener| {
+        let mut command = server_command(Path::new(BINARY));
+        command
+            .args(["--listen", &taken_addr, "--data-dir"])
+            .arg(data.path());
+        pass_listener(&mut command, listener);
+        Server::spawn(&mut command)
+    };
+
+    let mut first = activated(&listener);
+    first.expect_log(INHERITED);
+    assert_eq!(first.listening_addr(), addr, "{}", first.log_text());
+    let mut client = connect(addr);
+    let response = get(&mut client, "/healthz").expect("GET /healthz");
+    assert_eq!(response.status, 200, "{response:?}");
+    drop(client);
+    first.signal(Signal::SIGTERM);
+    assert_eq!(first.exit_code(PATIENCE), 0, "{}", first.log_text());
+
+    // No process serves now, but the socket is still open (this test holds
+    // it, as systemd would): the connection is queued, not refused.
+    let mut queued = connect(addr);
+    write!(queued, "GET /healthz HTTP/1.1\r\nHost: lameduck\r\n\r\n").expect("send a request");
+
+    let mut second = activated(&listener);
+    let response = read_response(&mut queued).expect("the queued request is answered");
+    assert_eq!(response.status, 200, "{response:?}");
+    second.expect_log(INHERITED);
+    second.signal(Signal::SIGTERM);
+    assert_eq!(second.exit_code(PATIENCE), 0, "{}", second.log_text());
+}
+
+// Gap: the promise of the in-place upgrade, measured. Under constant load
+// (new connections and keep-alive ones), fifty SIGHUP upgrades in a row
+// must fail no request at all; and ten plain stop-then-start restarts under
+// the same load must fail some, or this test could not see a drop. The
+// keep-alive clients are the hard part: a retiring process that closes a
+// keep-alive connection between two requests races the client's next
+// request on it, and that request is lost.
+#[test]
+fn in_place_upgrades_under_constant_load_drop_nothing() {
+    const UPGRADES: usize = 50;
+    const RESTARTS: usize = 10;
+    // Successors are children of the process they replace; once that one
+    // exits they are re-parented to this process, which can then reap them
+    // and read their exit codes.
+    nix::sys::prctl::set_child_subreaper(true).expect("become a child subreaper");
+
+    let dir = tempdir("lameduck-upgrade-");
+    let data = dir.path().join("data");
+    let pid_file = dir.path().join("lameduck.pid");
+    let mut command = server_command(Path::new(BINARY));
+    command
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .arg("--pid-file")
+        .arg(&pid_file);
+    let mut lineage = Lineage::start(Server::spawn(&mut command), pid_file);
+    let addr = lineage.first.listening_addr();
+    let code = create_link(addr);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime for the clients");
+
+    // In-place upgrades.
+    let traffic = Traffic::start(&runtime, addr, &code);
+    let started = Instant::now();
+    for _ in 0..UPGRADES {
+        lineage.upgrade();
+    }
+    let upgrades_took = started.elapsed();
+    let upgrades = traffic.finish(&runtime);
+    assert_eq!(lineage.stop(), 0, "{}", lineage.first.log_excerpt());
+
+    // The comparison: stop, then start a fresh process on the same port.
+    let fresh = || {
+        let mut command = server_command(Path::new(BINARY));
+        command
+            .arg("--listen")
+            .arg(addr.to_string())
+            .arg("--data-dir")
+            .arg(&data);
+        let server = Server::spawn(&mut command);
+        assert_eq!(server.listening_addr(), addr, "{}", server.log_text());
+        server
+    };
+    let mut server = fresh();
+    let traffic = Traffic::start(&runtime, addr, &code);
+    let started = Instant::now();
+    for _ in 0..RESTARTS {
+        server.signal(Signal::SIGTERM);
+        assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+        server = fresh();
+    }
+    let restarts_took = started.elapsed();
+    let restarts = traffic.finish(&runtime);
+    server.signal(Signal::SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+
+    println!("{UPGRADES} in-place upgrades (SIGHUP) in {upgrades_took:.1?}:\n{upgrades}");
+    println!("{RESTARTS} stop-then-start restarts in {restarts_took:.1?}:\n{restarts}");
+    // The instrument first: it must see what a closed socket does.
+    assert!(
+        restarts.total().count(Fate::Refused) > 0,
+        "stop-then-start restarts refused no connection, so this test cannot \
+         see a drop:\n{restarts}"
+    );
+    for kind in Kind::ALL {
+        assert!(
+            upgrades.of(kind).ok() >= 5 * UPGRADES as u64,
+            "too little {} traffic to mean anything:\n{upgrades}",
+            kind.name()
+        );
+    }
+    assert_eq!(
+        upgrades.failures(),
+        0,
+        "in-place upgrades failed requests:\n{upgrades}\nwarnings and summaries:\n{}",
+        lineage.first.log_excerpt()
+    );
+}
+
+// Gap: a broken release must not take the service down. The binary on disk
+// is replaced by one that fails at startup; SIGHUP starts it, sees it exit,
+// and the running process keeps its pid (file) and keeps serving.
+#[test]
+fn an_upgrade_to_a_binary_that_fails_at_startup_leaves_the_old_process_serving() {
+    let dir = tempdir("lameduck-broken-");
+    let exe = dir.path().join("lameduck");
+    std::fs::copy(BINARY, &exe).expect("copy the binary");
+    let pid_file = dir.path().join("lameduck.pid");
+    let mut command = server_command(&exe);
+    command
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--pid-file")
+        .arg(&pid_file);
+    let mut server = Server::spawn(&mut command);
+    let addr = server.listening_addr();
+    assert_eq!(read_pid(&pid_file), Some(server.pid()));
+
+    // A new release that cannot start, installed the way package managers
+    // do: written next to the binary, then renamed over it.
+    let staged = dir.path().join("lameduck.new");
+    std::fs::write(&staged, "#!/bin/sh\necho broken >&2\nexit 1\n").expect("write the script");
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::rename(&staged, &exe).expect("install the script");
+
+    server.signal(Signal::SIGHUP);
+    let failed = server.expect_log("upgrade failed");
+    assert!(
+        failed.contains("exited before it was ready"),
+        "{}",
+        server.log_text()
+    );
+    assert!(server.has_logged("broken"), "the new binary did not run");
+    assert!(server.is_running(), "{}", server.log_text());
+    assert_eq!(read_pid(&pid_file), Some(server.pid()));
+    let mut client = connect(addr);
+    for _ in 0..3 {
+        let response = get(&mut client, "/healthz").expect("GET /healthz");
+        assert_eq!(response.status, 200, "{response:?}");
+    }
+    drop(client);
+
+    server.signal(Signal::SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+}
+
+// === processes ===
+
+fn tempdir(prefix: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("a temporary directory")
+}
+
+/// `exe server` with piped output, `RUST_LOG=info`, none of the test's own
+/// `LAMEDUCK_*`, `DATABASE_URL`, `LISTEN_*` or `NOTIFY_SOCKET` variables,
+/// and a process group of its own (inherited by its successors).
+fn server_command(exe: &Path) -> Command {
+    let mut command = Command::new(exe);
+    command.arg("server");
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("LAMEDUCK_")
+            || key.starts_with("LISTEN_")
+            || key == "DATABASE_URL"
+            || key == "NOTIFY_SOCKET"
+        {
+            command.env_remove(&*key);
+        }
+    }
+    command
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    command
+}
+
+/// Passes `listener` as fd 3 with `LISTEN_FDS=1`, as systemd does.
+fn pass_listener(command: &mut Command, listener: &TcpListener) {
+    let socket: OwnedFd = listener.try_clone().expect("duplicate the socket").into();
+    command
+        .env("LISTEN_FDS", "1")
+        .fd_mappings(vec![FdMapping {
+            parent_fd: socket,
+            child_fd: 3,
+        }])
+        .expect("fd 3 is free");
+}
+
+/// The pid in `path`, if it holds one.
+fn read_pid(path: &Path) -> Option<Pid> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.trim().parse().ok().map(Pid::from_raw)
+}
+
+/// Lines the process group wrote on stdout and stderr, shared with the
+/// reader threads; `grew` is notified on every new line.
+#[derive(Default)]
+struct Captured {
+    lines: Mutex<Vec<String>>,
+    grew: Condvar,
+}
+
+impl Captured {
+    fn lock(&self) -> MutexGuard<'_, Vec<String>> {
+        self.lines
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits up to `timeout` until a line contains `needle`; returns it.
+    fn wait_for(&self, needle: &str, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        let mut lines = self.lock();
+        loop {
+            if let Some(line) = lines.iter().find(|line| line.contains(needle)) {
+                return Some(line.clone());
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            lines = self
+                .grew
+                .wait_timeout(lines, left.min(Duration::from_millis(100)))
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// A `lameduck server` leading its own process group; its successors (if
+/// it upgrades) join the group and write to the same pipes. Dropped while
+/// it still runs, the whole group is killed.
+struct Server {
+    child: Child,
+    captured: Arc<Captured>,
+}
+
+impl Server {
+    /// Starts `command` (see [`server_command`]) and captures its output.
+    fn spawn(command: &mut Command) -> Server {
+        // A binary just copied may still be open for writing in a process
+        // another test thread is forking: retry ETXTBSY a few times.
+        let mut attempts = 0;
+        let mut child = loop {
+            match command.spawn() {
+                Ok(child) => break child,
+                Err(e) if e.raw_os_error() == Some(Errno::ETXTBSY as i32) && attempts < 50 => {
+                    attempts += 1;
+                    thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("cannot run {command:?}: {e}"),
+            }
+        };
+        let captured = Arc::new(Captured::default());
+        capture(child.stdout.take().expect("piped"), Arc::clone(&captured));
+        capture(child.stderr.take().expect("piped"), Arc::clone(&captured));
+        Server { child, captured }
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.id()).expect("a pid fits in i32"))
+    }
+
+    fn signal(&mut self, signal: Signal) {
+        assert!(self.is_running(), "lameduck exited:\n{}", self.log_text());
+        kill(self.pid(), signal).expect("send a signal");
+    }
+
+    fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => thread::sleep(POLL_INTERVAL),
+                Ok(None) => return None,
+                Err(e) => panic!("cannot wait for lameduck: {e}"),
+            }
+        }
+    }
+
+    /// The exit code, within `timeout`.
+    ///
+    /// # Panics
+    /// With the logs, if it still runs or was killed by a signal.
+    fn exit_code(&mut self, timeout: Duration) -> i32 {
+        let status = self.wait_exit(timeout);
+        status.and_then(|status| status.code()).unwrap_or_else(|| {
+            panic!(
+                "lameduck did not exit with a code within {timeout:?} ({status:?}):\n{}",
+                self.log_text()
+            )
+        })
+    }
+
+    fn log_text(&self) -> String {
+        self.captured.lock().join("\n")
+    }
+
+    /// Warnings, errors and shutdown summaries: the logs of fifty processes
+    /// in a few lines each.
+    fn log_excerpt(&self) -> String {
+        let lines = self.captured.lock();
+        let wanted = ["WARN", "ERROR", "shutdown complete"];
+        let excerpt: Vec<&str> = lines
+            .iter()
+            .filter(|line| wanted.iter().any(|word| line.contains(word)))
+            .map(String::as_str)
+            .collect();
+        excerpt.join("\n")
+    }
+
+    fn has_logged(&self, needle: &str) -> bool {
+        self.captured.wait_for(needle, Duration::ZERO).is_some()
+    }
+
+    /// The first line containing `needle`, waiting up to [`PATIENCE`].
+    fn expect_log(&self, needle: &str) -> String {
+        self.captured
+            .wait_for(needle, PATIENCE)
+            .unwrap_or_else(|| panic!("no line contains {needle:?}:\n{}", self.log_text()))
+    }
+
+    /// The address of the first `listening on http://ADDR` line.
+    fn listening_addr(&self) -> SocketAddr {
+        let line = self.expect_log(LISTENING);
+        let rest = &line[line.find(LISTENING).expect("found") + LISTENING.len()..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ':'))
+            .unwrap_or(rest.len());
+        rest[..end]
+            .parse()
+            .unwrap_or_else(|e| panic!("bad address in {line:?}: {e}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.is_running() {
+            let _ = killpg(self.pid(), Signal::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Copies `pipe` line by line into `captured` until every writer closes it.
+fn capture(pipe: impl Read + Send + 'static, captured: Arc<Captured>) {
+    thread::spawn(move || {
+        let mut reader = BufReader::new(pipe);
+        let mut line = Vec::new();
+        while let Ok(1..) = reader.read_until(b'\n', &mut line) {
+            let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+            captured.lock().push(text);
+            captured.grew.notify_all();
+            line.clear();
+        }
+    });
+}
+
+/// A server and the successors of its in-place upgrades, one process group.
+/// Dropped before [`Lineage::stop`], the whole group is killed.
+struct Lineage {
+    /// The process the test started; every successor logs to its pipes.
+    first: Server,
+    /// The process serving now: the pid its pid file names.
+    current: Pid,
+    pid_file: PathBuf,
+    stopped: bool,
+}
+
+impl Lineage {
+    fn start(first: Server, pid_file: PathBuf) -> Lineage {
+        let current = first.pid();
+        first.expect_log(LISTENING);
+        assert_eq!(read_pid(&pid_file), Some(current), "{}", first.log_text());
+        Lineage {
+            first,
+            current,
+            pid_file,
+            stopped: false,
+        }
+    }
+
+    /// SIGHUP to the current process; returns once the pid file names its
+    /// successor and the old process has exited with code 0.
+    fn upgrade(&mut self) {
+        let old = self.current;
+        kill(old, Signal::SIGHUP).expect("send SIGHUP");
+        let deadline = Instant::now() + PATIENCE;
+        let new = loop {
+            match read_pid(&self.pid_file) {
+                Some(pid) if pid != old => break pid,
+                _ if Instant::now() < deadline => thread::sleep(POLL_INTERVAL),
+                other => panic!(
+                    "no successor of {old} after {PATIENCE:?} (pid file: {other:?}):\n{}",
+                    self.first.log_text()
+                ),
+            }
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert_eq!(self.exit_code(old, left), 0, "{}", self.first.log_text());
+        self.current = new;
+    }
+
+    /// SIGTERM to the current process; its exit code.
+    fn stop(&mut self) -> i32 {
+        kill(self.current, Signal::SIGTERM).expect("send SIGTERM");
+        let code = self.exit_code(self.current, PATIENCE);
+        self.stopped = true;
+        code
+    }
+
+    /// Waits for `pid` (the first process, or a successor re-parented to
+    /// this subreaper) to exit; its exit code.
+    fn exit_code(&mut self, pid: Pid, timeout: Duration) -> i32 {
+        if pid == self.first.pid() {
+            return self.first.exit_code(timeout);
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(_, code)) => return code,
+                Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
+                    thread::sleep(POLL_INTERVAL);
+                }
+                other => panic!(
+                    "process {pid} did not exit with a code within {timeout:?} ({other:?}):\n{}",
+                    self.first.log_text()
+                ),
+            }
+        }
+    }
+}
+
+impl Drop for Lineage {
+    fn drop(&mut self) {
+        if !self.stopped {
+            let _ = killpg(self.first.pid(), Signal::SIGKILL);
+            for _ in 0..100 {
+                match waitpid(Pid::from_raw(-self.first.pid().as_raw()), None) {
+                    Ok(_) | Err(Errno::EINTR) => {}
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+}
+
+// === traffic ===
+
+/// Client tasks of each kind.
+const TASKS_PER_KIND: usize = 3;
+/// Pause between two requests of one task, so that the clients leave the
+/// two CPUs of a CI runner to the servers starting up.
+const PAUSE: Duration = Duration::from_millis(2);
+/// Pause after a failure, so that a refusing port is not hammered.
+const PAUSE_AFTER_FAILURE: Duration = Duration::from_millis(10);
+/// One request, connection included, may take this long.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Hard bounds on one task, in case the test never stops it.
+const TASK_LIMIT: Duration = Duration::from_secs(120);
+const TASK_MAX_REQUESTS: u64 = 200_000;
+
+/// How a client task uses connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A new connection for every request.
+    NewConnection,
+    /// One connection for as long as the server keeps it open.
+    KeepAlive,
+}
+
+impl Kind {
+    const ALL: [Kind; 2] = [Kind::NewConnection, Kind::KeepAlive];
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::NewConnection => "new connection",
+            Kind::KeepAlive => "keep-alive",
+        }
+    }
+}
+
+/// What happened to one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fate {
+    /// A 2xx or 3xx status.
+    Ok,
+    /// The connection was refused.
+    Refused,
+    /// Reset, broken pipe, or closed before the response was complete.
+    Reset,
+    /// No complete response within [`REQUEST_TIMEOUT`].
+    Timeout,
+    /// A status other than 2xx or 3xx.
+    Status,
+    /// Any other error.
+    Other,
+}
+
+impl Fate {
+    const ALL: [Fate; 6] = [
+        Fate::Ok,
+        Fate::Refused,
+        Fate::Reset,
+        Fate::Timeout,
+        Fate::Status,
+        Fate::Other,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fate::Ok => "ok",
+            Fate::Refused => "refused",
+            Fate::Reset => "reset",
+            Fate::Timeout => "timeout",
+            Fate::Status => "status",
+            Fate::Other => "other",
+        }
+    }
+
+    fn of_io(error: &io::Error) -> Fate {
+        match error.kind() {
+            io::ErrorKind::ConnectionRefused => Fate::Refused,
+            io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof => Fate::Reset,
+            io::ErrorKind::TimedOut => Fate::Timeout,
+            _ => Fate::Other,
+        }
+    }
+
+    fn of_hyper(error: &hyper::Error) -> Fate {
+        let mut source = error.source();
+        while let Some(cause) = source {
+            if let Some(io) = cause.downcast_ref::<io::Error>() {
+                return Fate::of_io(io);
+            }
+            source = cause.source();
+        }
+        if error.is_incomplete_message() || error.is_canceled() || error.is_closed() {
+            Fate::Reset
+        } else {
+            Fate::Other
+        }
+    }
+}
+
+/// A failed request: its class and what the client said.
+struct Failure(Fate, String);
+
+impl From<io::Error> for Failure {
+    fn from(error: io::Error) -> Failure {
+        Failure(Fate::of_io(&error), error.to_string())
+    }
+}
+
+impl From<hyper::Error> for Failure {
+    fn from(error: hyper::Error) -> Failure {
+        let mut message = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            message.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        Failure(Fate::of_hyper(&error), message)
+    }
+}
+
+/// Requests by fate, and the first few failure messages.
+#[derive(Clone, Debug, Default)]
+struct Counts {
+    by_fate: [u64; Fate::ALL.len()],
+    samples: Vec<String>,
+}
+
+impl Counts {
+    fn record(&mut self, outcome: Result<(), Failure>) {
+        let fate = match outcome {
+            Ok(()) => Fate::Ok,
+            Err(Failure(fate, message)) => {
+                if self.samples.len() < 5 {
+                    self.samples.push(format!("{}: {message}", fate.name()));
+                }
+                fate
+            }
+        };
+        self.by_fate[fate as usize] += 1;
+    }
+
+    fn add(&mut self, other: &Counts) {
+        for (sum, n) in self.by_fate.iter_mut().zip(other.by_fate) {
+            *sum += n;
+        }
+        let room = 5usize.saturating_sub(self.samples.len());
+        self.samples
+            .extend(other.samples.iter().take(room).cloned());
+    }
+
+    fn count(&self, fate: Fate) -> u64 {
+        self.by_fate[fate as usize]
+    }
+
+    fn ok(&self) -> u64 {
+        self.count(Fate::Ok)
+    }
+
+    fn requests(&self) -> u64 {
+        self.by_fate.iter().sum()
+    }
+
+    fn failures(&self) -> u64 {
+        self.requests() - self.ok()
+    }
+}
+
+/// The counts of one phase, by kind of client.
+struct Tally([Counts; Kind::ALL.len()]);
+
+impl Tally {
+    fn of(&self, kind: Kind) -> &Counts {
+        &self.0[kind as usize]
+    }
+
+    fn total(&self) -> Counts {
+        let mut total = Counts::default();
+        for counts in &self.0 {
+            total.add(counts);
+        }
+        total
+    }
+
+    fn failures(&self) -> u64 {
+        self.total().failures()
+    }
+}
+
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "  {:<15}{:>9}", "clients", "requests")?;
+        for fate in Fate::ALL {
+            write!(f, "{:>9}", fate.name())?;
+        }
+        let total = self.total();
+        let rows = Kind::ALL
+            .iter()
+            .map(|kind| (kind.name(), self.of(*kind)))
+            .chain([("all", &total)]);
+        for (name, counts) in rows {
+            write!(f, "\n  {name:<15}{:>9}", counts.requests())?;
+            for n in counts.by_fate {
+                write!(f, "{n:>9}")?;
+            }
+        }
+        for sample in &total.samples {
+            write!(f, "\n  e.g. {sample}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Client tasks sending `GET /healthz` and `GET /{code}` (a redirect) to
+/// the server in turns, until [`Traffic::finish`].
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<(Kind, tokio::task::JoinHandle<Counts>)>,
+}
+
+impl Traffic {
+    fn start(runtime: &tokio::runtime::Runtime, addr: SocketAddr, code: &str) -> Traffic {
+        let stop = Arc::new(AtomicBool::new(false));
+        let redirect = format!("/{code}");
+        let tasks = Kind::ALL
+            .iter()
+            .flat_map(|kind| std::iter::repeat_n(*kind, TASKS_PER_KIND))
+            .map(|kind| {
+                let task = client(kind, addr, redirect.clone(), Arc::clone(&stop));
+                (kind, runtime.spawn(task))
+            })
+            .collect();
+        // Let every task reach the server before the test changes anything.
+        thread::sleep(Duration::from_millis(200));
+        Traffic { stop, tasks }
+    }
+
+    fn finish(self, runtime: &tokio::runtime::Runtime) -> Tally {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut tally = Tally(Default::default());
+        for (kind, task) in self.tasks {
+            let counts = runtime.block_on(task).expect("a client task panicked");
+            tally.0[kind as usize].add(&counts);
+        }
+        tally
+    }
+}
+
+/// One client task: requests until `stop`, within its hard bounds.
+async fn client(kind: Kind, addr: SocketAddr, redirect: String, stop: Arc<AtomicBool>) -> Counts {
+    let mut counts = Counts::default();
+    let mut connection: Option<SendRequest<Empty<Bytes>>> = None;
+    let started = Instant::now();
+    for i in 0..TASK_MAX_REQUESTS {
+        if stop.load(Ordering::Relaxed) || started.elapsed() > TASK_LIMIT {
+            break;
+        }
+        let path = if i % 2 == 0 { "/healthz" } else { &redirect };
+        let attempt = async {
+            // A connection the server closed while idle (after
+            // `Connection: close`, or at its drain) carried no request:
+            // open another one, as any client pool does.
+            if let Some(sender) = &mut connection {
+                if sender.ready().await.is_err() {
+                    connection = None;
+                }
+            }
+            let sender = match &mut connection {
+                Some(sender) => sender,
+                None => connection.insert(open(addr).await?),
+            };
+            let keep = exchange(sender, path).await?;
+            if !keep || kind == Kind::NewConnection {
+                connection = None;
+            }
+            Ok(())
+        };
+        let outcome = match tokio::time::timeout(REQUEST_TIMEOUT, attempt).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(Failure(Fate::Timeout, format!("{path}: no answer"))),
+        };
+        let pause = if outcome.is_ok() {
+            PAUSE
+        } else {
+            connection = None;
+            PAUSE_AFTER_FAILURE
+        };
+        counts.record(outcome);
+        tokio::time::sleep(pause).await;
+    }
+    counts
+}
+
+/// Connects and completes the HTTP/1 handshake.
+async fn open(addr: SocketAddr) -> Result<SendRequest<Empty<Bytes>>, Failure> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
+
+/// Sends `GET path` and reads the whole response; whether the connection
+/// may be used again.
+async fn exchange(sender: &mut SendRequest<Empty<Bytes>>, path: &str) -> Result<bool, Failure> {
+    let request = Request::get(path)
+        .header(HOST, "lameduck")
+        .body(Empty::new())
+        .expect("a valid request");
+    let response = sender.send_request(request).await?;
+    let status = response.status();
+    let closes = response
+        .headers()
+        .get(CONNECTION)
+        .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"close"));
+    response.into_body().collect().await?;
+    if status.is_success() || status.is_redirection() {
+        Ok(!closes)
+    } else {
+        Err(Failure(Fate::Status, format!("{path}: {status}")))
+    }
+}
+
+/// Creates a link to redirect through; returns its code.
+fn create_link(addr: SocketAddr) -> String {
+    const BODY: &str = r#"{"url":"https://example.com/handoff","code":"handoff"}"#;
+    let mut stream = connect(addr);
+    write!(
+        stream,
+        "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    )
+    .expect("send POST /api/links");
+    let response = read_response(&mut stream).expect("POST /api/links");
+    assert_eq!(response.status, 201, "{response:?}");
+    response.json()["code"].as_str().expect("a code").to_owned()
+}

@@ -28,10 +28,12 @@ pub(crate) struct ConnState {
     /// Cancelled when the server wants this HTTP/2 connection to go away
     /// (GOAWAY) before the drain, i.e. during the lame-duck period.
     pub(crate) goaway: CancellationToken,
-    /// Cancelled once hyper knows the protocol (first request, or the
-    /// HTTP/2 preface): from then on it shuts the connection down
-    /// gracefully instead of dropping it mid-detection.
-    pub(crate) protocol_known: CancellationToken,
+    /// Cancelled by the connection's first request. Before it, hyper may
+    /// still be detecting the protocol (and would drop the connection if
+    /// told to shut down), and a client that has just opened it — a load
+    /// balancer's fresh HTTP/2 connection — is about to send on it: asking
+    /// it to go away now would fail that request.
+    pub(crate) first_request: CancellationToken,
     /// Set once a response went out with `Connection: close`: the server,
     /// not the client, ended this connection.
     close_sent: AtomicBool,
@@ -57,7 +59,7 @@ impl ConnState {
         ConnState {
             protocol: AtomicU8::new(Protocol::pending as u8),
             goaway: CancellationToken::new(),
-            protocol_known: CancellationToken::new(),
+            first_request: CancellationToken::new(),
             close_sent: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
             head_since: AtomicU64::new(1),
@@ -70,7 +72,6 @@ impl ConnState {
 
     /// Records the protocol once a request or the preface reveals it.
     pub(crate) fn observe(&self, version: Version) {
-        self.protocol_known.cancel();
         let protocol = if version == Version::HTTP_2 {
             Protocol::http2
         } else {
@@ -125,7 +126,13 @@ impl ConnState {
         }
     }
 
+    /// `true` once the connection has carried a request.
+    pub(crate) fn has_served(&self) -> bool {
+        self.first_request.is_cancelled()
+    }
+
     pub(crate) fn request_started(&self) {
+        self.first_request.cancel();
         self.busy.fetch_add(1, Ordering::AcqRel);
         self.head_since.store(0, Ordering::Release);
         self.activity.notify_waiters();

@@ -457,7 +457,7 @@ where
             let drain_reached = async {
                 shutdown.draining().await;
                 tokio::select! {
-                    () = conn.protocol_known.cancelled() => {}
+                    () = conn.first_request.cancelled() => {}
                     () = tokio::time::sleep(FIRST_REQUEST_GRACE) => {}
                 }
             };
@@ -476,11 +476,13 @@ where
                             ClosedBy::client
                         };
                     }
-                    // Lame duck: GOAWAY to HTTP/2 clients at once; HTTP/1
-                    // clients get `Connection: close` on their next response.
+                    // Lame duck: GOAWAY at once to HTTP/2 connections that have
+                    // carried a request (a fresh one gets it with its first);
+                    // HTTP/1 clients get `Connection: close` on their next
+                    // response.
                     () = shutdown.triggered(), if !lame_duck_seen => {
                         lame_duck_seen = true;
-                        if conn.is_http2() && !asked_to_close {
+                        if conn.is_http2() && conn.has_served() && !asked_to_close {
                             connection.as_mut().graceful_shutdown();
                             asked_to_close = true;
                         }

@@ -226,6 +226,11 @@ impl App {
             .expect("a bound listener has a local address")
     }
 
+    /// The write-behind hit counters.
+    pub fn hits(&self) -> &HitCounter {
+        &self.hits
+    }
+
     /// A second handle on the listening socket, to pass to a successor.
     ///
     /// # Errors

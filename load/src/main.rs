@@ -1,1 +1,89 @@
-fn main() {}
+//! `load`: the rollout harness and the benchmarks. See load/README.md.
+//!
+//! ```text
+//! cargo run -p load --release -- rollout            # Scenario 1, every flavor
+//! cargo run -p load --release -- rollout --smoke    # the short correctness run
+//! cargo run -p load --release -- bench              # Scenario 2
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use load::binaries::{self, Binaries};
+use load::machine::Machine;
+use load::{bench, rollout};
+
+/// The rollout harness and benchmarks of lameduck.
+#[derive(Debug, Parser)]
+#[command(name = "load", about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Scenario 1: roll replicas behind HAProxy under constant load.
+    Rollout(rollout::Options),
+    /// Scenario 2: throughput, hit counting, shutdown latency and memory.
+    Bench(bench::Options),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Before any pinning narrows what this process sees.
+    let machine = Machine::describe();
+    match cli.command {
+        Command::Rollout(options) => run_rollout(options.resolve(), machine),
+        Command::Bench(options) => bench::main(options, machine),
+    }
+}
+
+fn run_rollout(options: rollout::Options, mut machine: Machine) -> ExitCode {
+    let result = (|| -> anyhow::Result<ExitCode> {
+        if !options.no_install {
+            binaries::install_test_deps(&["postgres", "haproxy"])?;
+        }
+        let binaries = match &options.bin_dir {
+            Some(dir) => {
+                machine.prebuilt(dir);
+                Binaries::in_dir(dir)?
+            }
+            None => Binaries::build()?,
+        };
+        let out = output_dir(options.out.clone(), "rollout");
+        let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+        let check = options.check;
+        let report = runtime.block_on(rollout::run(options, &binaries, machine, &out))?;
+        rollout::write(&report, &out)?;
+        println!("{}", rollout::summary(&report));
+        println!(
+            "Written: {}/{{rollout.json,rollout.svg,summary.md}} and logs/",
+            out.display()
+        );
+        if check {
+            if let Err(problems) = rollout::verdict(&report) {
+                eprintln!("load: check FAILED: {problems}");
+                return Ok(ExitCode::FAILURE);
+            }
+            eprintln!("load: check passed: no failed request, no lost hit, every exit 0");
+        }
+        Ok(ExitCode::SUCCESS)
+    })();
+    result.unwrap_or_else(|error| {
+        eprintln!("load: error: {error:#}");
+        ExitCode::from(2)
+    })
+}
+
+/// `out`, or `load/out/<timestamp>-<what>` in the workspace.
+fn output_dir(out: Option<PathBuf>, what: &str) -> PathBuf {
+    out.unwrap_or_else(|| {
+        let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+        binaries::workspace_root()
+            .join("load/out")
+            .join(format!("{stamp}-{what}"))
+    })
+}

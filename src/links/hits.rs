@@ -17,7 +17,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -139,6 +139,9 @@ struct Inner {
     many_pending: Notify,
     /// One flush at a time.
     flush_lock: tokio::sync::Mutex<()>,
+    /// `false` turns `record` into a no-op: only for measuring what counting
+    /// costs (the load harness's uncounted baseline).
+    counting: AtomicBool,
     metrics: HitMetrics,
 }
 
@@ -173,6 +176,7 @@ impl Default for HitCounter {
                 epoch: AtomicU64::new(0),
                 many_pending: Notify::new(),
                 flush_lock: tokio::sync::Mutex::new(()),
+                counting: AtomicBool::new(true),
                 metrics: HitMetrics::default(),
             }),
         }
@@ -223,6 +227,9 @@ impl HitCounter {
     /// Counts one hit for `code`. Locks one shard of [`SHARDS`] briefly.
     pub fn record(&self, code: &str) {
         let inner = &*self.inner;
+        if !inner.counting.load(Ordering::Relaxed) {
+            return;
+        }
         let shard = usize::try_from(inner.hasher.hash_one(code)).unwrap_or_default() % SHARDS;
         {
             let mut counts = lock(&inner.shards[shard]);
@@ -236,6 +243,12 @@ impl HitCounter {
         if inner.metrics.pending.inc() + 1 == FLUSH_THRESHOLD {
             inner.many_pending.notify_one();
         }
+    }
+
+    /// Turns counting on or off. Off is only for measuring what counting
+    /// costs; a service never wants it.
+    pub fn set_counting(&self, on: bool) {
+        self.inner.counting.store(on, Ordering::Relaxed);
     }
 
     /// Hits counted and not yet persisted, in total.

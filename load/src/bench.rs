@@ -1,0 +1,749 @@
+//! Scenario 2, the benchmarks: ratios measured in one run, with the servers
+//! taking turns (round-robin, the order rotating every round) so that drift
+//! of the machine hits every server alike. With two or more cores the
+//! servers are pinned to CPU 0 and the harness to CPU 1 (`taskset`).
+//!
+//! 1. Throughput and latency of `GET /healthz`: lameduck (all its
+//!    middleware), the same app on plain `axum::serve`, and bare hyper.
+//! 2. The redirect path `GET /{code}` with hit counting (lameduck) against
+//!    the same path without counting (`redirect-uncounted`).
+//! 3. SIGTERM to exit with 10,000 idle keep-alive connections open and
+//!    `--drain-delay 0s`, lameduck against plain `axum::serve`.
+//! 4. RSS per idle connection at 10,000 connections (same runs as 3).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::ValueEnum;
+use nix::sys::signal::Signal;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::binaries::{self, Binaries};
+use crate::machine::Machine;
+use crate::raw::{self, RawConn};
+use crate::replica::{Replica, Spec};
+use crate::report::{self, fmt_ms};
+
+/// The parts of the benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Part {
+    /// Throughput and p99 of `GET /healthz`.
+    Throughput,
+    /// The cost of hit counting on `GET /{code}`.
+    Counting,
+    /// SIGTERM to exit with idle connections open, and RSS per connection.
+    Shutdown,
+}
+
+/// Options of `load bench`.
+#[derive(Clone, Debug, clap::Args, Serialize)]
+pub struct Options {
+    /// Rounds; every server runs once per round.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
+    /// Length of one measured run.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    #[serde(with = "crate::report::millis")]
+    pub duration: Duration,
+    /// Unmeasured load before each run.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[serde(with = "crate::report::millis")]
+    pub warmup: Duration,
+    /// Connections of the closed-loop client.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub connections: u32,
+    /// Idle keep-alive connections for the shutdown and memory runs.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=60_000))]
+    pub idle: u32,
+    /// Links the redirect benchmark cycles through.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub links: u32,
+    /// The parts to run.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Part::Throughput, Part::Counting, Part::Shutdown])]
+    pub parts: Vec<Part>,
+    /// Do not pin the servers to CPU 0 and the harness to CPU 1.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Output folder (default: load/out/<timestamp>-bench).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Use the binaries in this folder instead of building them.
+    #[arg(long)]
+    #[serde(skip)]
+    pub bin_dir: Option<PathBuf>,
+}
+
+/// One measured closed-loop run.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Run {
+    /// Expected answers per second.
+    pub rps: f64,
+    /// Median latency, ms.
+    pub p50_ms: f64,
+    /// 99th percentile latency, ms.
+    pub p99_ms: f64,
+    /// Answers with another status.
+    pub unexpected: u64,
+    /// Connection errors.
+    pub errors: u64,
+}
+
+/// Every run of one server, and their medians.
+#[derive(Clone, Debug, Serialize)]
+pub struct Series {
+    /// The server.
+    pub server: String,
+    /// One run per round.
+    pub runs: Vec<Run>,
+    /// Median of `rps`.
+    pub rps: f64,
+    /// Median of `p50_ms`.
+    pub p50_ms: f64,
+    /// Median of `p99_ms`.
+    pub p99_ms: f64,
+}
+
+impl Series {
+    fn new(server: &str, runs: Vec<Run>) -> Series {
+        Series {
+            server: server.to_owned(),
+            rps: median(runs.iter().map(|r| r.rps)),
+            p50_ms: median(runs.iter().map(|r| r.p50_ms)),
+            p99_ms: median(runs.iter().map(|r| r.p99_ms)),
+            runs,
+        }
+    }
+
+    fn failures(&self) -> u64 {
+        self.runs.iter().map(|r| r.unexpected + r.errors).sum()
+    }
+}
+
+/// One shutdown run.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ShutdownRun {
+    /// SIGTERM to process exit, ms.
+    pub exit_ms: f64,
+    /// The exit code.
+    pub code: Option<i32>,
+    /// RSS before the idle connections, KiB.
+    pub rss_before_kib: u64,
+    /// RSS with them open, KiB.
+    pub rss_open_kib: u64,
+    /// (open − before) / connections, bytes.
+    pub bytes_per_connection: f64,
+}
+
+/// Every shutdown run of one server, and their medians.
+#[derive(Clone, Debug, Serialize)]
+pub struct ShutdownSeries {
+    /// The server.
+    pub server: String,
+    /// One run per round.
+    pub runs: Vec<ShutdownRun>,
+    /// Median SIGTERM to exit, ms.
+    pub exit_ms: f64,
+    /// Median bytes per idle connection.
+    pub bytes_per_connection: f64,
+}
+
+/// Everything `load bench` measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    /// Where and how.
+    pub machine: Machine,
+    /// The options.
+    pub options: Options,
+    /// How the processes were placed.
+    pub placement: String,
+    /// `GET /healthz`: lameduck, plain axum::serve, bare hyper.
+    pub throughput: Vec<Series>,
+    /// `GET /{code}`: counting, not counting.
+    pub counting: Vec<Series>,
+    /// Idle connections then SIGTERM: lameduck, plain axum::serve.
+    pub shutdown: Vec<ShutdownSeries>,
+}
+
+/// `load bench`: pins, builds, runs, prints and writes.
+pub fn main(options: Options, mut machine: Machine) -> ExitCode {
+    let result = (|| -> anyhow::Result<()> {
+        let binaries = match &options.bin_dir {
+            Some(dir) => {
+                machine.prebuilt(dir);
+                Binaries::in_dir(dir)?
+            }
+            None => Binaries::build()?,
+        };
+        let pin = !options.no_pin && machine.cores >= 2;
+        let placement = if pin {
+            pin_self_to_last_cpu(machine.cores)?;
+            format!(
+                "servers pinned to CPU 0 (`taskset -c 0`), load generator to CPU {}",
+                machine.cores - 1
+            )
+        } else {
+            "not pinned".to_owned()
+        };
+        let out = options.out.clone().unwrap_or_else(|| {
+            let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+            binaries::workspace_root()
+                .join("load/out")
+                .join(format!("{stamp}-bench"))
+        });
+        std::fs::create_dir_all(out.join("logs"))?;
+        let runtime = tokio::runtime::Runtime::new()?;
+        let report = runtime.block_on(run(options, &binaries, machine, placement, pin, &out))?;
+        report::write_json(&out.join("bench.json"), &report)?;
+        let text = summary(&report);
+        std::fs::write(out.join("summary.md"), &text)?;
+        println!("{text}");
+        println!(
+            "Written: {}/{{bench.json,summary.md}} and logs/",
+            out.display()
+        );
+        Ok(())
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("load: error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn pin_self_to_last_cpu(cores: usize) -> anyhow::Result<()> {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    let mut set = CpuSet::new();
+    set.set(cores - 1).context("cannot build the CPU set")?;
+    sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).context("cannot pin the harness")?;
+    Ok(())
+}
+
+/// Runs the parts of `options`.
+///
+/// # Errors
+/// If a server cannot be started or answers wrongly at setup.
+pub async fn run(
+    options: Options,
+    binaries: &Binaries,
+    machine: Machine,
+    placement: String,
+    pin: bool,
+    out: &Path,
+) -> anyhow::Result<BenchReport> {
+    let scratch = tempfile::Builder::new()
+        .prefix("lameduck-bench-")
+        .tempdir()?;
+    let bench = Bench {
+        options: &options,
+        binaries,
+        cpus: pin.then(|| "0".to_owned()),
+        scratch: scratch.path().to_owned(),
+        logs: out.join("logs"),
+    };
+    let throughput = if options.parts.contains(&Part::Throughput) {
+        bench.throughput().await?
+    } else {
+        Vec::new()
+    };
+    let counting = if options.parts.contains(&Part::Counting) {
+        bench.counting().await?
+    } else {
+        Vec::new()
+    };
+    let shutdown = if options.parts.contains(&Part::Shutdown) {
+        bench.shutdown().await?
+    } else {
+        Vec::new()
+    };
+    Ok(BenchReport {
+        machine,
+        options: options.clone(),
+        placement,
+        throughput,
+        counting,
+        shutdown,
+    })
+}
+
+/// A server under closed-loop load: name, address, the requests to cycle
+/// through, the status expected.
+type Target = (String, SocketAddr, Arc<Vec<Vec<u8>>>, u16);
+
+struct Bench<'a> {
+    options: &'a Options,
+    binaries: &'a Binaries,
+    cpus: Option<String>,
+    scratch: PathBuf,
+    logs: PathBuf,
+}
+
+impl Bench<'_> {
+    fn spec(&self, program: &Path, data: &str, extra: &[&str]) -> Spec {
+        let mut args: Vec<std::ffi::OsString> = [
+            "server",
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "text",
+            "--data-dir",
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
+        args.push(self.scratch.join(data).into_os_string());
+        args.extend(extra.iter().map(Into::into));
+        Spec {
+            program: program.to_owned(),
+            args,
+            env: Vec::new(),
+            cpus: self.cpus.clone(),
+        }
+    }
+
+    async fn start(&self, name: &str, spec: &Spec, ready: &str) -> anyhow::Result<Replica> {
+        let replica = Replica::spawn(name, spec, &self.logs.join(format!("{name}.log"))).await?;
+        replica.wait_ready(ready, Duration::from_secs(30)).await?;
+        Ok(replica)
+    }
+
+    /// Closed-loop runs of every `(name, addr, requests, expected)`, taking
+    /// turns, the order rotating each round.
+    async fn rounds(&self, targets: &[Target]) -> Vec<Series> {
+        let mut runs: Vec<Vec<Run>> = vec![Vec::new(); targets.len()];
+        let connections = usize::try_from(self.options.connections).unwrap_or(64);
+        for round in 0..self.options.rounds as usize {
+            for turn in 0..targets.len() {
+                let index = (turn + round) % targets.len();
+                let (name, addr, requests, expected) = &targets[index];
+                raw::closed_loop(
+                    *addr,
+                    Arc::clone(requests),
+                    *expected,
+                    connections,
+                    self.options.warmup,
+                )
+                .await;
+                let result = raw::closed_loop(
+                    *addr,
+                    Arc::clone(requests),
+                    *expected,
+                    connections,
+                    self.options.duration,
+                )
+                .await;
+                let run = Run {
+                    rps: result.throughput(),
+                    p50_ms: result.latency_ms(0.50),
+                    p99_ms: result.latency_ms(0.99),
+                    unexpected: result.unexpected,
+                    errors: result.errors,
+                };
+                eprintln!(
+                    "load:   round {}/{} {name}: {:.0} req/s, p50 {} ms, p99 {} ms{}",
+                    round + 1,
+                    self.options.rounds,
+                    run.rps,
+                    fmt_ms(run.p50_ms),
+                    fmt_ms(run.p99_ms),
+                    if run.unexpected + run.errors > 0 {
+                        format!(", {} unexpected, {} errors", run.unexpected, run.errors)
+                    } else {
+                        String::new()
+                    }
+                );
+                runs[index].push(run);
+            }
+        }
+        targets
+            .iter()
+            .zip(runs)
+            .map(|((name, ..), runs)| Series::new(name, runs))
+            .collect()
+    }
+
+    async fn throughput(&self) -> anyhow::Result<Vec<Series>> {
+        eprintln!("load: throughput of GET /healthz");
+        let b = self.binaries;
+        let mut lameduck = self
+            .start(
+                "tp-lameduck",
+                &self.spec(&b.lameduck, "tp-lameduck", &[]),
+                "/readyz",
+            )
+            .await?;
+        let mut plain = self
+            .start(
+                "tp-plain-axum",
+                &self.spec(&b.plain_axum, "tp-plain", &[]),
+                "/readyz",
+            )
+            .await?;
+        let bare_spec = Spec {
+            program: b.bare_hyper.clone(),
+            args: vec!["127.0.0.1:0".into()],
+            env: Vec::new(),
+            cpus: self.cpus.clone(),
+        };
+        let mut bare = self.start("tp-bare-hyper", &bare_spec, "/healthz").await?;
+        let requests = Arc::new(vec![raw::get("/healthz")]);
+        let targets = vec![
+            (
+                "lameduck".to_owned(),
+                lameduck.addr,
+                Arc::clone(&requests),
+                200,
+            ),
+            (
+                "plain axum::serve".to_owned(),
+                plain.addr,
+                Arc::clone(&requests),
+                200,
+            ),
+            ("bare hyper".to_owned(), bare.addr, requests, 200),
+        ];
+        let series = self.rounds(&targets).await;
+        for replica in [&mut lameduck, &mut plain, &mut bare] {
+            stop(replica).await;
+        }
+        Ok(series)
+    }
+
+    async fn counting(&self) -> anyhow::Result<Vec<Series>> {
+        eprintln!("load: the redirect path with and without hit counting");
+        let b = self.binaries;
+        let mut counted = self
+            .start(
+                "ct-lameduck",
+                &self.spec(&b.lameduck, "ct-counted", &[]),
+                "/readyz",
+            )
+            .await?;
+        let mut uncounted = self
+            .start(
+                "ct-uncounted",
+                &self.spec(&b.redirect_uncounted, "ct-uncounted", &[]),
+                "/readyz",
+            )
+            .await?;
+        let mut requests = Vec::new();
+        for replica in [&counted, &uncounted] {
+            let mut conn = RawConn::connect(replica.addr).await?;
+            for n in 0..self.options.links {
+                let body =
+                    format!(r#"{{"url":"https://example.com/bench/{n}","code":"bench-{n}"}}"#);
+                let head = conn.exchange(&raw::post_json("/api/links", &body)).await?;
+                if head.status != 201 {
+                    bail!(
+                        "{}: creating link bench-{n} answered {}",
+                        replica.name,
+                        head.status
+                    );
+                }
+            }
+        }
+        for n in 0..self.options.links {
+            requests.push(raw::get(&format!("/bench-{n}")));
+        }
+        let requests = Arc::new(requests);
+        let targets = vec![
+            (
+                "lameduck, counting hits".to_owned(),
+                counted.addr,
+                Arc::clone(&requests),
+                307,
+            ),
+            (
+                "same path, no counting".to_owned(),
+                uncounted.addr,
+                requests,
+                307,
+            ),
+        ];
+        let series = self.rounds(&targets).await;
+        for replica in [&mut counted, &mut uncounted] {
+            stop(replica).await;
+        }
+        Ok(series)
+    }
+
+    async fn shutdown(&self) -> anyhow::Result<Vec<ShutdownSeries>> {
+        let idle = usize::try_from(self.options.idle).unwrap_or(10_000);
+        eprintln!("load: SIGTERM to exit with {idle} idle keep-alive connections");
+        let b = self.binaries;
+        // Room for the idle connections and the harness's own probes.
+        let limit = (idle + 1000).to_string();
+        let servers = [
+            (
+                "lameduck --drain-delay 0s",
+                self.spec(
+                    &b.lameduck,
+                    "sd-lameduck",
+                    &["--drain-delay", "0s", "--max-connections", &limit],
+                ),
+            ),
+            (
+                "plain axum::serve",
+                self.spec(&b.plain_axum, "sd-plain", &["--max-connections", &limit]),
+            ),
+            (
+                "bare hyper (exits at once: the floor)",
+                Spec {
+                    program: b.bare_hyper.clone(),
+                    args: vec!["127.0.0.1:0".into()],
+                    env: Vec::new(),
+                    cpus: self.cpus.clone(),
+                },
+            ),
+        ];
+        let mut runs: Vec<Vec<ShutdownRun>> = vec![Vec::new(); servers.len()];
+        let rounds = self.options.rounds.min(5) as usize;
+        let request = raw::get("/healthz");
+        for round in 0..rounds {
+            for turn in 0..servers.len() {
+                let index = (turn + round) % servers.len();
+                let (name, spec) = &servers[index];
+                let mut replica = self
+                    .start(&format!("sd-{index}-{round}"), spec, "/healthz")
+                    .await?;
+                // Settle the allocator with a little traffic first.
+                raw::closed_loop(
+                    replica.addr,
+                    Arc::new(vec![request.clone()]),
+                    200,
+                    8,
+                    Duration::from_millis(300),
+                )
+                .await;
+                let rss_before_kib = replica.rss_kib().unwrap_or(0);
+                let open = raw::open_idle(replica.addr, idle, &request, 256)
+                    .await
+                    .with_context(|| format!("{name}: opening {idle} idle connections"))?;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let rss_open_kib = replica.rss_kib().unwrap_or(0);
+                let sigterm = Instant::now();
+                replica.signal(Signal::SIGTERM)?;
+                let ended = replica.wait_exit(sigterm, Duration::from_secs(60)).await;
+                drop(open);
+                #[allow(clippy::cast_precision_loss)]
+                let bytes_per_connection =
+                    rss_open_kib.saturating_sub(rss_before_kib) as f64 * 1024.0 / idle as f64;
+                let run = ShutdownRun {
+                    exit_ms: ended.after.as_secs_f64() * 1000.0,
+                    code: ended.code,
+                    rss_before_kib,
+                    rss_open_kib,
+                    bytes_per_connection,
+                };
+                eprintln!(
+                    "load:   round {}/{rounds} {name}: exit {} after {} ms; RSS {} → {} KiB, {:.0} B per connection",
+                    round + 1,
+                    ended.describe(),
+                    fmt_ms(run.exit_ms),
+                    rss_before_kib,
+                    rss_open_kib,
+                    bytes_per_connection
+                );
+                runs[index].push(run);
+                // Let the closed sockets leave TIME_WAIT-heavy tables settle.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        Ok(servers
+            .iter()
+            .zip(runs)
+            .map(|((name, _), runs)| ShutdownSeries {
+                server: (*name).to_owned(),
+                exit_ms: median(runs.iter().map(|r| r.exit_ms)),
+                bytes_per_connection: median(runs.iter().map(|r| r.bytes_per_connection)),
+                runs,
+            })
+            .collect())
+    }
+}
+
+async fn stop(replica: &mut Replica) {
+    let _ = replica.signal(Signal::SIGTERM);
+    replica
+        .wait_exit(Instant::now(), Duration::from_secs(30))
+        .await;
+}
+
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    }
+}
+
+/// The ratio of `a` to `b` run by run (each pair ran back to back in one
+/// round), as "median (min–max)": drift of a shared machine cancels out of
+/// each pair, where a ratio of medians would mix rounds.
+fn paired_ratio(a: &Series, b: &Series, value: impl Fn(&Run) -> f64) -> String {
+    let ratios: Vec<f64> = a
+        .runs
+        .iter()
+        .zip(&b.runs)
+        .filter(|(_, y)| value(y) > 0.0)
+        .map(|(x, y)| value(x) / value(y))
+        .collect();
+    if ratios.is_empty() {
+        return "–".to_owned();
+    }
+    let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = ratios.iter().copied().fold(0.0, f64::max);
+    format!("{:.3} ({min:.2}–{max:.2})", median(ratios.into_iter()))
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b == 0.0 {
+        "–".to_owned()
+    } else {
+        format!("{:.3}", a / b)
+    }
+}
+
+/// The benchmark tables in Markdown, each with the machine and command.
+pub fn summary(report: &BenchReport) -> String {
+    let o = &report.options;
+    let footer = format!(
+        "Machine: {}; {}.\n\nCommand: `{}`\n",
+        report.machine.line(),
+        report.placement,
+        report.machine.command
+    );
+    let mut text = String::new();
+    if let [lameduck, plain, bare] = report.throughput.as_slice() {
+        let header: Vec<String> = [
+            "server",
+            "req/s (median)",
+            "p50 ms",
+            "p99 ms",
+            "median ÷ plain's median",
+            "failed",
+        ]
+        .map(str::to_owned)
+        .into();
+        let rows: Vec<Vec<String>> = [lameduck, plain, bare]
+            .iter()
+            .map(|s| {
+                vec![
+                    s.server.clone(),
+                    format!("{:.0}", s.rps),
+                    fmt_ms(s.p50_ms),
+                    fmt_ms(s.p99_ms),
+                    ratio(s.rps, plain.rps),
+                    s.failures().to_string(),
+                ]
+            })
+            .collect();
+        text.push_str(&format!(
+            "### Trivial route: `GET /healthz`, closed loop, {} connections, {} rounds of {:?} (+{:?} warm-up), servers taking turns\n\n{}\n\
+             **lameduck ÷ plain axum::serve, run by run, median (min–max): throughput {} (target ≥ 0.97), p99 {}**; \
+             lameduck ÷ bare hyper: throughput {}.\n\n{footer}\n",
+            o.connections,
+            o.rounds,
+            o.duration,
+            o.warmup,
+            report::table(&header, &rows),
+            paired_ratio(lameduck, plain, |r| r.rps),
+            paired_ratio(lameduck, plain, |r| r.p99_ms),
+            paired_ratio(lameduck, bare, |r| r.rps),
+        ));
+    }
+    if let [counted, uncounted] = report.counting.as_slice() {
+        let header: Vec<String> = ["server", "req/s (median)", "p50 ms", "p99 ms", "failed"]
+            .map(str::to_owned)
+            .into();
+        let rows: Vec<Vec<String>> = [counted, uncounted]
+            .iter()
+            .map(|s| {
+                vec![
+                    s.server.clone(),
+                    format!("{:.0}", s.rps),
+                    fmt_ms(s.p50_ms),
+                    fmt_ms(s.p99_ms),
+                    s.failures().to_string(),
+                ]
+            })
+            .collect();
+        text.push_str(&format!(
+            "### Redirect hot path: `GET /{{code}}` over {} links (SQLite, the default store), closed loop, {} connections, {} rounds of {:?}\n\n{}\n\
+             **Counting ÷ not counting, run by run, median (min–max): throughput {} (target ≥ 0.95)**, p99 {}.\n\n{footer}\n",
+            o.links,
+            o.connections,
+            o.rounds,
+            o.duration,
+            report::table(&header, &rows),
+            paired_ratio(counted, uncounted, |r| r.rps),
+            paired_ratio(counted, uncounted, |r| r.p99_ms),
+        ));
+    }
+    if !report.shutdown.is_empty() {
+        let header: Vec<String> = [
+            "server",
+            "SIGTERM → exit, median (min–max) ms",
+            "exit codes",
+            "RSS idle",
+            "RSS with connections",
+            "RSS per idle connection",
+        ]
+        .map(str::to_owned)
+        .into();
+        let rows: Vec<Vec<String>> = report
+            .shutdown
+            .iter()
+            .map(|s| {
+                let min = s
+                    .runs
+                    .iter()
+                    .map(|r| r.exit_ms)
+                    .fold(f64::INFINITY, f64::min);
+                let max = s.runs.iter().map(|r| r.exit_ms).fold(0.0, f64::max);
+                let codes: Vec<String> = s
+                    .runs
+                    .iter()
+                    .map(|r| {
+                        r.code
+                            .map_or_else(|| "signal".to_owned(), |c| c.to_string())
+                    })
+                    .collect();
+                #[allow(clippy::cast_precision_loss)]
+                let mib = |kib: f64| format!("{:.1} MiB", kib / 1024.0);
+                vec![
+                    s.server.clone(),
+                    format!("{} ({}–{})", fmt_ms(s.exit_ms), fmt_ms(min), fmt_ms(max)),
+                    codes.join(" "),
+                    #[allow(clippy::cast_precision_loss)]
+                    mib(median(s.runs.iter().map(|r| r.rss_before_kib as f64))),
+                    #[allow(clippy::cast_precision_loss)]
+                    mib(median(s.runs.iter().map(|r| r.rss_open_kib as f64))),
+                    format!("{:.1} KiB", s.bytes_per_connection / 1024.0),
+                ]
+            })
+            .collect();
+        text.push_str(&format!(
+            "### Shutdown with {} idle keep-alive HTTP/1.1 connections, `--drain-delay 0s`, {} rounds\n\n{}\n\
+             Target for lameduck: SIGTERM → exit ≤ 100 ms. RSS per idle connection = (RSS with the connections − RSS before) ÷ {}.\n\n{footer}\n",
+            o.idle,
+            report.shutdown.first().map_or(0, |s| s.runs.len()),
+            report::table(&header, &rows),
+            o.idle,
+        ));
+    }
+    text
+}

@@ -1,0 +1,12 @@
+//! `plain-axum server …`: lameduck's app on plain
+//! `axum::serve(..).with_graceful_shutdown(sigterm)`, the baseline of the
+//! rollout and the benchmarks. Takes lameduck's own command line.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    match load::baseline::server_config() {
+        Ok(config) => load::baseline::run(load::baseline::plain_axum(config)),
+        Err(code) => code,
+    }
+}

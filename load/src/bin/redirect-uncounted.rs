@@ -1,0 +1,12 @@
+//! `redirect-uncounted server …`: lameduck with a redirect that counts no
+//! hit, to price hit counting in the benchmarks. Takes lameduck's own
+//! command line.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    match load::baseline::server_config() {
+        Ok(config) => load::baseline::run(load::baseline::redirect_uncounted(config)),
+        Err(code) => code,
+    }
+}

@@ -1,0 +1,129 @@
+//! The servers the scenarios run, built in release mode from this
+//! workspace, and the non-Rust tools they need.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{anyhow, bail, Context};
+
+/// Paths of the server binaries.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    /// `lameduck`, the service itself.
+    pub lameduck: PathBuf,
+    /// `plain-axum`: the same app served by `axum::serve`.
+    pub plain_axum: PathBuf,
+    /// `bare-hyper`: a hyper server answering `GET /healthz`.
+    pub bare_hyper: PathBuf,
+    /// `redirect-uncounted`: lameduck's redirect path without hit counting.
+    pub redirect_uncounted: PathBuf,
+}
+
+/// The profile this binary was built with, and builds the servers with:
+/// measure with `--release`; debug builds are for correctness runs only.
+pub const PROFILE: &str = if cfg!(debug_assertions) {
+    "debug"
+} else {
+    "release"
+};
+
+const NAMES: [&str; 4] = ["lameduck", "plain-axum", "bare-hyper", "redirect-uncounted"];
+
+/// The workspace this crate was built from.
+pub fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+impl Binaries {
+    /// Runs `cargo build [--release] -p lameduck -p load --bins` in the
+    /// workspace, in the profile this binary was built with (a no-op when
+    /// nothing changed), and takes the binaries' paths from cargo's own
+    /// report, wherever the target directory is.
+    ///
+    /// # Errors
+    /// If the build fails or a binary is missing from its report.
+    pub fn build() -> anyhow::Result<Binaries> {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut args = vec!["build"];
+        if PROFILE == "release" {
+            args.push("--release");
+        }
+        args.extend(["-p", "lameduck", "-p", "load", "--bins"]);
+        eprintln!("load: cargo {}", args.join(" "));
+        let output = Command::new(cargo)
+            .current_dir(workspace_root())
+            .args(&args)
+            .arg("--message-format=json-render-diagnostics")
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .output()
+            .context("cannot run cargo")?;
+        if !output.status.success() {
+            bail!("cargo {} failed ({})", args.join(" "), output.status);
+        }
+        let mut found = HashMap::new();
+        for line in String::from_utf8_lossy(&output.stdout).lines() {
+            let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if message["reason"] != "compiler-artifact" {
+                continue;
+            }
+            if let (Some(name), Some(exe)) = (
+                message["target"]["name"].as_str(),
+                message["executable"].as_str(),
+            ) {
+                found.insert(name.to_owned(), PathBuf::from(exe));
+            }
+        }
+        Binaries::pick(|name| found.get(name).cloned())
+    }
+
+    /// The binaries in `dir` (`target/release`), built beforehand.
+    ///
+    /// # Errors
+    /// If one is missing.
+    pub fn in_dir(dir: &Path) -> anyhow::Result<Binaries> {
+        Binaries::pick(|name| Some(dir.join(name)).filter(|path| path.is_file()))
+    }
+
+    fn pick(find: impl Fn(&str) -> Option<PathBuf>) -> anyhow::Result<Binaries> {
+        let get = |name: &str| {
+            find(name).ok_or_else(|| {
+                anyhow!("binary {name} not found; build with `cargo build --release -p lameduck -p load --bins`")
+            })
+        };
+        debug_assert_eq!(NAMES.len(), 4);
+        Ok(Binaries {
+            lameduck: get(NAMES[0])?,
+            plain_axum: get(NAMES[1])?,
+            bare_hyper: get(NAMES[2])?,
+            redirect_uncounted: get(NAMES[3])?,
+        })
+    }
+}
+
+/// Runs `scripts/install-test-deps.sh GROUPS…`, which installs what is
+/// missing and does nothing (quietly) when everything is there.
+///
+/// # Errors
+/// If the script fails.
+pub fn install_test_deps(groups: &[&str]) -> anyhow::Result<()> {
+    let script = workspace_root().join("scripts/install-test-deps.sh");
+    let status = Command::new("bash")
+        .arg(&script)
+        .args(groups)
+        .stdin(Stdio::null())
+        .status()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    if !status.success() {
+        bail!(
+            "{} {} failed ({status})",
+            script.display(),
+            groups.join(" ")
+        );
+    }
+    Ok(())
+}

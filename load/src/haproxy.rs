@@ -1,0 +1,337 @@
+//! HAProxy as a child process: the load balancer of the rollout, with a
+//! generated configuration and its runtime API on a Unix socket. Its log
+//! (`logs/haproxy.log`) has every server state change and every request
+//! that did not end normally, with HAProxy's termination state (`SC--`:
+//! the server refused or closed the connection before the request).
+//!
+//! It health-checks `/readyz` the way a Kubernetes readiness probe feeds the
+//! endpoints controller: a replica that turns unready keeps receiving
+//! traffic until `fall` checks in a row have failed, `inter` apart. That lag
+//! is what a lame-duck period has to outlast.
+//!
+//! Replicas come and go through pre-declared slots (`server-template`),
+//! filled and emptied with `set server … addr` and `set server … state`, in
+//! two backends: HTTP/1.1 to the servers for the HTTP/1.1 frontend, HTTP/2
+//! (prior knowledge) to the servers for the HTTP/2 frontend.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// The two backends, one per protocol towards the servers.
+pub const BACKENDS: [&str; 2] = ["be_h1", "be_h2"];
+
+/// How long HAProxy may take to open its runtime API socket.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the runtime API is polled while waiting for a state.
+const STATUS_POLL: Duration = Duration::from_millis(25);
+
+/// The balancer's health checking, the source of the endpoint-removal lag.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Checks {
+    /// Interval between two checks of one server.
+    #[serde(with = "crate::report::millis")]
+    pub inter: Duration,
+    /// Failed checks in a row that take a server out.
+    pub fall: u32,
+    /// Passed checks in a row that put a server back.
+    pub rise: u32,
+    /// Retries of a failed connection to a server (HAProxy's `retries`).
+    pub retries: u32,
+}
+
+impl Checks {
+    /// The longest a server that turned unready can still be sent new
+    /// requests: `fall` intervals plus the check in progress.
+    pub fn worst_lag(&self) -> Duration {
+        self.inter * (self.fall + 1)
+    }
+}
+
+/// A running HAProxy.
+#[derive(Debug)]
+pub struct Haproxy {
+    /// The HTTP/1.1 frontend.
+    pub http1: SocketAddr,
+    /// The HTTP/2 prior-knowledge frontend.
+    pub http2: SocketAddr,
+    /// Slots per backend.
+    pub slots: usize,
+    socket: PathBuf,
+    child: Child,
+}
+
+impl Haproxy {
+    /// Writes a configuration into `dir` and starts `haproxy` on two free
+    /// loopback ports, with `slots` empty server slots per backend. Its
+    /// output goes to `log`.
+    ///
+    /// # Errors
+    /// If haproxy is missing, rejects the configuration, or does not open its
+    /// runtime socket in time.
+    pub async fn start(
+        checks: Checks,
+        slots: usize,
+        dir: &Path,
+        log: &Path,
+    ) -> anyhow::Result<Haproxy> {
+        let socket = dir.join("haproxy.sock");
+        let http1 = free_port()?;
+        let http2 = free_port()?;
+        let config = render_config(checks, slots, &socket, http1, http2);
+        let config_path = dir.join("haproxy.cfg");
+        std::fs::write(&config_path, config)
+            .with_context(|| format!("cannot write {}", config_path.display()))?;
+        let log_file = std::fs::File::create(log)
+            .with_context(|| format!("cannot create {}", log.display()))?;
+        let mut child = Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start haproxy (scripts/install-test-deps.sh haproxy installs it)")?;
+        let lb = Haproxy {
+            http1,
+            http2,
+            slots,
+            socket: socket.clone(),
+            child: {
+                let deadline = Instant::now() + START_TIMEOUT;
+                loop {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        bail!(
+                            "haproxy exited at startup with {status} (see {})",
+                            log.display()
+                        );
+                    }
+                    if UnixStream::connect(&socket).await.is_ok() {
+                        break child;
+                    }
+                    if Instant::now() > deadline {
+                        bail!(
+                            "haproxy did not open its socket in {START_TIMEOUT:?} (see {})",
+                            log.display()
+                        );
+                    }
+                    tokio::time::sleep(STATUS_POLL).await;
+                }
+            },
+        };
+        Ok(lb)
+    }
+
+    /// Runs one runtime API command and returns its answer.
+    ///
+    /// # Errors
+    /// If the socket fails or HAProxy rejects the command.
+    pub async fn command(&self, command: &str) -> anyhow::Result<String> {
+        let mut stream = UnixStream::connect(&self.socket)
+            .await
+            .context("cannot reach the haproxy runtime API")?;
+        stream.write_all(command.as_bytes()).await?;
+        stream.write_all(b"\n").await?;
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut answer))
+            .await
+            .map_err(|_| anyhow!("haproxy did not answer `{command}`"))??;
+        // `set` commands answer nothing, or a line saying what changed.
+        let lowered = answer.to_ascii_lowercase();
+        if command.starts_with("set ")
+            && ["no such", "unknown", "require", "invalid", "error"]
+                .iter()
+                .any(|word| lowered.contains(word))
+        {
+            bail!("haproxy rejected `{command}`: {}", answer.trim());
+        }
+        Ok(answer)
+    }
+
+    /// Points `slot` (1-based) of every backend at `addr` and takes it out
+    /// of maintenance: the endpoints controller adding a ready pod.
+    ///
+    /// # Errors
+    /// If HAProxy rejects a command.
+    pub async fn enable(&self, slot: usize, addr: SocketAddr) -> anyhow::Result<()> {
+        for backend in BACKENDS {
+            self.command(&format!(
+                "set server {backend}/s{slot} addr {} port {}",
+                addr.ip(),
+                addr.port()
+            ))
+            .await?;
+            self.command(&format!("set server {backend}/s{slot} state ready"))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Puts `slot` of every backend into maintenance: the endpoint removed.
+    ///
+    /// # Errors
+    /// If HAProxy rejects a command.
+    pub async fn disable(&self, slot: usize) -> anyhow::Result<()> {
+        for backend in BACKENDS {
+            self.command(&format!("set server {backend}/s{slot} state maint"))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The `status` column of `show stat` for `slot` in every backend
+    /// (`UP`, `DOWN`, `MAINT`, `UP 1/2`, …).
+    ///
+    /// # Errors
+    /// If the runtime API fails or the slot is not listed.
+    pub async fn status(&self, slot: usize) -> anyhow::Result<Vec<String>> {
+        let stat = self.command("show stat").await?;
+        let mut lines = stat.lines();
+        let header: Vec<&str> = lines
+            .next()
+            .ok_or_else(|| anyhow!("empty `show stat`"))?
+            .trim_start_matches("# ")
+            .split(',')
+            .collect();
+        let column = |name: &str| {
+            header
+                .iter()
+                .position(|c| *c == name)
+                .ok_or_else(|| anyhow!("`show stat` has no {name} column"))
+        };
+        let (px, sv, status) = (column("pxname")?, column("svname")?, column("status")?);
+        let server = format!("s{slot}");
+        let mut found = Vec::new();
+        for line in lines {
+            let fields: Vec<&str> = line.split(',').collect();
+            if fields.get(sv) == Some(&server.as_str())
+                && fields.get(px).is_some_and(|p| BACKENDS.contains(p))
+            {
+                found.push(fields.get(status).copied().unwrap_or("").to_owned());
+            }
+        }
+        if found.len() != BACKENDS.len() {
+            bail!("slot {slot} is not in `show stat`");
+        }
+        Ok(found)
+    }
+
+    /// Waits until `slot` is in a state accepted by `accept` in every
+    /// backend; returns how long that took.
+    ///
+    /// # Errors
+    /// If it does not happen within `timeout`.
+    pub async fn wait_status(
+        &self,
+        slot: usize,
+        what: &str,
+        accept: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        loop {
+            let status = self.status(slot).await?;
+            if status.iter().all(|s| accept(s)) {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > timeout {
+                bail!("slot {slot} not {what} within {timeout:?}: {status:?}");
+            }
+            tokio::time::sleep(STATUS_POLL).await;
+        }
+    }
+
+    /// Stops HAProxy (SIGKILL: it holds no state worth keeping).
+    pub async fn stop(mut self) {
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+    }
+}
+
+/// `UP`, including `UP 1/2` (up, one check failed).
+pub fn is_up(status: &str) -> bool {
+    status.starts_with("UP")
+}
+
+/// `DOWN` or `MAINT`: no new requests go there.
+pub fn is_out(status: &str) -> bool {
+    status.starts_with("DOWN") || status.starts_with("MAINT")
+}
+
+fn render_config(
+    checks: Checks,
+    slots: usize,
+    socket: &Path,
+    http1: SocketAddr,
+    http2: SocketAddr,
+) -> String {
+    let inter = checks.inter.as_millis();
+    let (fall, rise, retries) = (checks.fall, checks.rise, checks.retries);
+    let socket = socket.display();
+    let backend = |name: &str, extra: &str| {
+        format!(
+            "backend {name}\n\
+             \x20   balance roundrobin\n\
+             \x20   option httpchk\n\
+             \x20   http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host lb\n\
+             \x20   http-check expect status 200\n\
+             \x20   server-template s 1-{slots} 127.0.0.1:9 disabled check{extra}\n"
+        )
+    };
+    format!(
+        "# Generated by load/src/haproxy.rs for one rollout run.\n\
+         global\n\
+         \x20   maxconn 8000\n\
+         \x20   stats socket {socket} mode 600 level admin\n\
+         \x20   stats timeout 10s\n\
+         \x20   log stdout format raw local0\n\
+         \n\
+         defaults\n\
+         \x20   mode http\n\
+         \x20   log global\n\
+         \x20   option httplog\n\
+         \x20   option dontlog-normal\n\
+         \x20   option http-keep-alive\n\
+         \x20   retries {retries}\n\
+         \x20   timeout connect 1s\n\
+         \x20   timeout client 30s\n\
+         \x20   timeout server 30s\n\
+         \x20   timeout http-request 10s\n\
+         \x20   timeout http-keep-alive 10s\n\
+         \x20   timeout check 1s\n\
+         \x20   default-server inter {inter}ms fastinter {inter}ms downinter {inter}ms fall {fall} rise {rise}\n\
+         \n\
+         frontend fe_h1\n\
+         \x20   bind {http1}\n\
+         \x20   default_backend be_h1\n\
+         \n\
+         frontend fe_h2\n\
+         \x20   bind {http2} proto h2\n\
+         \x20   default_backend be_h2\n\
+         \n\
+         {}\n\
+         {}",
+        backend("be_h1", ""),
+        backend("be_h2", " proto h2 check-proto h1"),
+    )
+}
+
+/// A loopback port that was free a moment ago.
+///
+/// # Errors
+/// If no port can be bound.
+pub fn free_port() -> anyhow::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("no free loopback port")?;
+    Ok(listener.local_addr()?)
+}

@@ -1,0 +1,41 @@
+//! The rollout harness and the benchmarks of lameduck, side by side with
+//! plain `axum::serve` and bare hyper.
+//!
+//! # What it proves
+//! 1. `load rollout` rolls R replicas behind a real HAProxy that health-checks
+//!    `/readyz` (so endpoint removal lags the SIGTERM), like a Deployment with
+//!    `maxSurge 1, maxUnavailable 0`, under constant open-loop traffic, and
+//!    classifies every request's fate. It runs the same seed and rate against
+//!    lameduck, lameduck with `--drain-delay 0s` and plain `axum::serve`, then
+//!    counts the redirects answered against the hits stored in PostgreSQL.
+//! 2. `load bench` measures ratios in one run, alternating the servers:
+//!    throughput and p99 of a trivial route, the cost of hit counting on the
+//!    redirect path, SIGTERM-to-exit with 10,000 idle connections, and RSS
+//!    per idle connection.
+//!
+//! # Layout
+//! - [`rollout`], [`bench`]: the two scenarios.
+//! - [`traffic`]: open-loop mixed load over HTTP/1.1 and HTTP/2 clients;
+//!   [`fate`]: what happened to one request. [`raw`]: a minimal HTTP/1.1
+//!   client for closed-loop benchmarks and idle connections.
+//! - [`replica`]: one server child process; [`haproxy`]: the balancer child
+//!   and its runtime API.
+//! - [`report`]: tables, JSON and the SVG picture; [`machine`]: what ran it.
+//! - [`binaries`]: building and finding the servers, installing test tools.
+//! - [`baseline`]: the plain-axum, bare-hyper and uncounted-redirect servers
+//!   behind the `plain-axum`, `bare-hyper` and `redirect-uncounted` binaries.
+
+pub mod baseline;
+pub mod bench;
+pub mod binaries;
+pub mod fate;
+pub mod haproxy;
+pub mod machine;
+pub mod raw;
+pub mod replica;
+pub mod report;
+pub mod rollout;
+pub mod traffic;
+
+#[path = "../../tests/support/postgres.rs"]
+mod postgres;

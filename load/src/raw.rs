@@ -1,0 +1,306 @@
+//! A minimal HTTP/1.1 keep-alive client over a bare `TcpStream`: fixed
+//! request bytes out, one response in (status line, `Content-Length` body).
+//! It costs far less CPU per request than the servers it measures, so a
+//! closed-loop benchmark on one core saturates a server on another.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::report;
+
+/// Largest response head the client accepts.
+const MAX_HEAD: usize = 16 * 1024;
+
+/// `GET PATH HTTP/1.1` with a Host header, as bytes.
+pub fn get(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n").into_bytes()
+}
+
+/// `POST PATH HTTP/1.1` with a JSON `body`, as bytes.
+pub fn post_json(path: &str, body: &str) -> Vec<u8> {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The head of one response.
+#[derive(Clone, Copy, Debug)]
+pub struct Head {
+    /// Status code.
+    pub status: u16,
+    /// The server asked to close the connection.
+    pub close: bool,
+}
+
+/// One keep-alive connection.
+#[derive(Debug)]
+pub struct RawConn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl RawConn {
+    /// Connects with `TCP_NODELAY`.
+    ///
+    /// # Errors
+    /// The connect error.
+    pub async fn connect(addr: SocketAddr) -> io::Result<RawConn> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(RawConn {
+            stream,
+            buf: Vec::with_capacity(1024),
+        })
+    }
+
+    /// Sends `request` and reads the whole response.
+    ///
+    /// # Errors
+    /// I/O errors, an early close (`UnexpectedEof`) or a malformed response
+    /// (`InvalidData`).
+    pub async fn exchange(&mut self, request: &[u8]) -> io::Result<Head> {
+        self.stream.write_all(request).await?;
+        self.read_response().await
+    }
+
+    /// The stream, for keeping the connection open without using it.
+    pub fn into_stream(self) -> TcpStream {
+        self.stream
+    }
+
+    async fn read_response(&mut self) -> io::Result<Head> {
+        let head_end = loop {
+            if let Some(end) = find(&self.buf, b"\r\n\r\n") {
+                break end + 4;
+            }
+            if self.buf.len() > MAX_HEAD {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "head too long"));
+            }
+            self.fill().await?;
+        };
+        let (status, length, close) = parse_head(&self.buf[..head_end])?;
+        while self.buf.len() < head_end + length {
+            self.fill().await?;
+        }
+        self.buf.drain(..head_end + length);
+        Ok(Head { status, close })
+    }
+
+    async fn fill(&mut self) -> io::Result<()> {
+        let mut chunk = [0u8; 4096];
+        let n = self.stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
+}
+
+/// Status, `Content-Length` (0 if absent) and `Connection: close`.
+fn parse_head(head: &[u8]) -> io::Result<(u16, usize, bool)> {
+    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_owned());
+    let text = std::str::from_utf8(head).map_err(|_| invalid("head is not UTF-8"))?;
+    let mut lines = text.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|line| line.split(' ').nth(1))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| invalid("no status line"))?;
+    let mut length = 0;
+    let mut close = false;
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            length = value.parse().map_err(|_| invalid("bad content-length"))?;
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(invalid("chunked responses are not supported"));
+        } else if name.eq_ignore_ascii_case("connection") && value.eq_ignore_ascii_case("close") {
+            close = true;
+        }
+    }
+    Ok((status, length, close))
+}
+
+/// The outcome of a closed-loop run.
+#[derive(Debug)]
+pub struct LoopResult {
+    /// Responses with the expected status.
+    pub ok: u64,
+    /// Responses with another status.
+    pub unexpected: u64,
+    /// Connection errors (each followed by a reconnect).
+    pub errors: u64,
+    /// How long the run took.
+    pub elapsed: Duration,
+    /// Latency of every response, in microseconds.
+    pub latency_us: Histogram<u64>,
+}
+
+impl LoopResult {
+    /// Expected responses per second.
+    pub fn throughput(&self) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        let ok = self.ok as f64;
+        ok / self.elapsed.as_secs_f64()
+    }
+
+    /// The `q` quantile of latency, in milliseconds.
+    pub fn latency_ms(&self, q: f64) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        let us = self.latency_us.value_at_quantile(q) as f64;
+        us / 1000.0
+    }
+}
+
+/// Closed loop: `connections` connections each send the next request of
+/// `requests` (cycling, each connection from its own offset) as soon as the
+/// previous answer is in, for `duration`.
+pub async fn closed_loop(
+    addr: SocketAddr,
+    requests: Arc<Vec<Vec<u8>>>,
+    expected: u16,
+    connections: usize,
+    duration: Duration,
+) -> LoopResult {
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = JoinSet::new();
+    for c in 0..connections {
+        let requests = Arc::clone(&requests);
+        tasks.spawn(async move {
+            let mut result = LoopResult {
+                ok: 0,
+                unexpected: 0,
+                errors: 0,
+                elapsed: Duration::ZERO,
+                latency_us: report::histogram(),
+            };
+            let mut next = c * 7919;
+            let mut conn: Option<RawConn> = None;
+            while Instant::now() < deadline && result.errors < 1000 {
+                let mut current = match conn.take() {
+                    Some(current) => current,
+                    None => match RawConn::connect(addr).await {
+                        Ok(current) => current,
+                        Err(_) => {
+                            result.errors += 1;
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
+                        }
+                    },
+                };
+                let request = &requests[next % requests.len()];
+                next += 1;
+                let sent = Instant::now();
+                match tokio::time::timeout_at(
+                    deadline + Duration::from_secs(5),
+                    current.exchange(request),
+                )
+                .await
+                {
+                    Ok(Ok(head)) => {
+                        report::record(&mut result.latency_us, sent.elapsed());
+                        if head.status == expected {
+                            result.ok += 1;
+                        } else {
+                            result.unexpected += 1;
+                        }
+                        if !head.close {
+                            conn = Some(current);
+                        }
+                    }
+                    Ok(Err(_)) | Err(_) => result.errors += 1,
+                }
+            }
+            result
+        });
+    }
+    let mut total = LoopResult {
+        ok: 0,
+        unexpected: 0,
+        errors: 0,
+        elapsed: Duration::ZERO,
+        latency_us: report::histogram(),
+    };
+    while let Some(done) = tasks.join_next().await {
+        if let Ok(part) = done {
+            total.ok += part.ok;
+            total.unexpected += part.unexpected;
+            total.errors += part.errors;
+            let _ = total.latency_us.add(&part.latency_us);
+        }
+    }
+    total.elapsed = started.elapsed();
+    total
+}
+
+/// Opens `count` connections, each answered one `request` (so the server
+/// knows its protocol), and returns them open and idle. At most
+/// `concurrency` connects run at once.
+///
+/// # Errors
+/// The first connection that fails.
+pub async fn open_idle(
+    addr: SocketAddr,
+    count: usize,
+    request: &[u8],
+    concurrency: usize,
+) -> io::Result<Vec<TcpStream>> {
+    let request = Arc::new(request.to_vec());
+    let mut open = Vec::with_capacity(count);
+    let mut tasks = JoinSet::new();
+    let mut started = 0;
+    while open.len() < count {
+        while started < count && tasks.len() < concurrency {
+            let request = Arc::clone(&request);
+            tasks.spawn(async move {
+                let mut conn = RawConn::connect(addr).await?;
+                let head = conn.exchange(&request).await?;
+                if head.close {
+                    return Err(io::Error::other("the server closed an idle connection"));
+                }
+                Ok::<_, io::Error>(conn.into_stream())
+            });
+            started += 1;
+        }
+        match tasks.join_next().await {
+            Some(Ok(Ok(stream))) => open.push(stream),
+            Some(Ok(Err(error))) => return Err(error),
+            Some(Err(error)) => return Err(io::Error::other(error)),
+            None => break,
+        }
+    }
+    Ok(open)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heads_are_parsed() {
+        let head = b"HTTP/1.1 307 Temporary Redirect\r\nlocation: x\r\ncontent-length: 12\r\nConnection: close\r\n\r\n";
+        let (status, length, close) = parse_head(head).expect("parse");
+        assert_eq!((status, length, close), (307, 12, true));
+    }
+}

@@ -1,0 +1,296 @@
+//! One server as a child process: started on `127.0.0.1:0`, its address
+//! read from its `listening on http://ADDR` log line, its output kept in a
+//! log file, signalled and waited for with a bound. Dropping a [`Replica`]
+//! kills the process.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::raw::{self, RawConn};
+
+/// The servers log at `info`, or at what `LOAD_SERVER_LOG` says (a
+/// `RUST_LOG` filter, e.g. `lameduck=debug`).
+pub const LOG_ENV: &str = "LOAD_SERVER_LOG";
+
+/// How long a server may take to log its listening address.
+pub const LISTEN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often readiness is polled while waiting for it.
+const READY_POLL: Duration = Duration::from_millis(20);
+
+/// How to start a server.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    /// The binary.
+    pub program: PathBuf,
+    /// Its arguments (`server --listen 127.0.0.1:0 …`).
+    pub args: Vec<OsString>,
+    /// Extra environment (the database URL goes here, not on the command
+    /// line, so it never shows in `ps`).
+    pub env: Vec<(String, String)>,
+    /// CPUs to pin it to with `taskset -c`, if any.
+    pub cpus: Option<String>,
+}
+
+/// How a server process ended.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Ended {
+    /// Its exit code, if it exited.
+    pub code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// The harness had to SIGKILL it after the wait bound.
+    pub killed: bool,
+    /// From the signal that asked it to stop to its exit.
+    #[serde(with = "crate::report::millis")]
+    pub after: Duration,
+}
+
+impl Ended {
+    /// `"0"`, `"3"`, `"SIGKILL"`, …, for tables.
+    pub fn describe(&self) -> String {
+        match (self.code, self.signal) {
+            (Some(code), _) => code.to_string(),
+            (None, Some(signal)) => Signal::try_from(signal)
+                .map_or_else(|_| format!("signal {signal}"), |s| s.as_str().to_owned()),
+            (None, None) => "?".to_owned(),
+        }
+    }
+}
+
+/// A running server.
+#[derive(Debug)]
+pub struct Replica {
+    /// Its name in logs and reports.
+    pub name: String,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// When it was started.
+    pub started: Instant,
+    child: Child,
+    pid: i32,
+    log: PathBuf,
+}
+
+impl Replica {
+    /// Starts `spec`, writing its output to `log`, and waits for its
+    /// `listening on http://ADDR` line.
+    ///
+    /// # Errors
+    /// If it cannot start, exits, or does not log an address in time.
+    pub async fn spawn(name: &str, spec: &Spec, log: &Path) -> anyhow::Result<Replica> {
+        let mut command = match &spec.cpus {
+            Some(cpus) => {
+                let mut command = Command::new("taskset");
+                command.arg("-c").arg(cpus).arg(&spec.program);
+                command
+            }
+            None => Command::new(&spec.program),
+        };
+        command
+            .args(&spec.args)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .env(
+                "RUST_LOG",
+                std::env::var(LOG_ENV).unwrap_or_else(|_| "info".to_owned()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let started = Instant::now();
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("cannot start {}", spec.program.display()))?;
+        let pid = child
+            .id()
+            .and_then(|pid| i32::try_from(pid).ok())
+            .ok_or_else(|| anyhow!("{name} has no pid"))?;
+
+        let file = tokio::fs::File::create(log)
+            .await
+            .with_context(|| format!("cannot create {}", log.display()))?;
+        let (lines_tx, lines_rx) = mpsc::unbounded_channel();
+        let (addr_tx, addr_rx) = oneshot::channel();
+        if let Some(stdout) = child.stdout.take() {
+            tokio::spawn(forward_lines(stdout, lines_tx.clone()));
+        }
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(forward_lines(stderr, lines_tx));
+        }
+        tokio::spawn(write_log(file, lines_rx, addr_tx));
+
+        let addr = tokio::select! {
+            addr = tokio::time::timeout(LISTEN_TIMEOUT, addr_rx) => match addr {
+                Ok(Ok(addr)) => addr,
+                Ok(Err(_)) => bail!("{name} ended its output without a listening address (see {})", log.display()),
+                Err(_) => bail!("{name} logged no listening address in {LISTEN_TIMEOUT:?} (see {})", log.display()),
+            },
+            status = child.wait() => bail!("{name} exited at startup with {status:?} (see {})", log.display()),
+        };
+        Ok(Replica {
+            name: name.to_owned(),
+            addr,
+            started,
+            child,
+            pid,
+            log: log.to_owned(),
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The log file.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Polls `GET path` until it answers 200; returns the time since start.
+    ///
+    /// # Errors
+    /// If it is not ready within `timeout`.
+    pub async fn wait_ready(&self, path: &str, timeout: Duration) -> anyhow::Result<Duration> {
+        let request = raw::get(path);
+        let deadline = Instant::now() + timeout;
+        let mut conn: Option<RawConn> = None;
+        while Instant::now() < deadline {
+            if conn.is_none() {
+                conn = RawConn::connect(self.addr).await.ok();
+            }
+            if let Some(mut current) = conn.take() {
+                if let Ok(Ok(head)) =
+                    tokio::time::timeout(Duration::from_secs(1), current.exchange(&request)).await
+                {
+                    if head.status == 200 {
+                        return Ok(self.started.elapsed());
+                    }
+                    if !head.close {
+                        conn = Some(current);
+                    }
+                }
+            }
+            tokio::time::sleep(READY_POLL).await;
+        }
+        bail!(
+            "{} at {} not ready within {timeout:?} (see {})",
+            self.name,
+            self.addr,
+            self.log.display()
+        )
+    }
+
+    /// Sends `signal` to the process.
+    ///
+    /// # Errors
+    /// If the process cannot be signalled.
+    pub fn signal(&self, signal: Signal) -> anyhow::Result<()> {
+        kill(Pid::from_raw(self.pid), signal)
+            .with_context(|| format!("cannot send {signal} to {}", self.name))
+    }
+
+    /// Waits for the process to exit; kills it if it has not after
+    /// `timeout`. `since` is when it was asked to stop.
+    pub async fn wait_exit(&mut self, since: Instant, timeout: Duration) -> Ended {
+        let (status, killed) = match tokio::time::timeout(timeout, self.child.wait()).await {
+            Ok(status) => (status.ok(), false),
+            Err(_) => {
+                let _ = self.child.start_kill();
+                (self.child.wait().await.ok(), true)
+            }
+        };
+        Ended {
+            code: status.and_then(|s| s.code()),
+            signal: status.and_then(|s| s.signal()),
+            killed,
+            after: since.elapsed(),
+        }
+    }
+
+    /// Resident set size in KiB, from `/proc/PID/status`.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    }
+}
+
+async fn forward_lines(output: impl AsyncRead + Unpin, lines: mpsc::UnboundedSender<String>) {
+    let mut reader = BufReader::new(output).lines();
+    while let Ok(Some(line)) = reader.next_line().await {
+        if lines.send(line).is_err() {
+            break;
+        }
+    }
+}
+
+async fn write_log(
+    file: tokio::fs::File,
+    mut lines: mpsc::UnboundedReceiver<String>,
+    addr: oneshot::Sender<SocketAddr>,
+) {
+    let mut file = tokio::io::BufWriter::new(file);
+    let mut addr = Some(addr);
+    while let Some(line) = lines.recv().await {
+        if let Some(found) = listening_addr(&line) {
+            if let Some(tx) = addr.take() {
+                let _ = tx.send(found);
+            }
+        }
+        let _ = file.write_all(line.as_bytes()).await;
+        let _ = file.write_all(b"\n").await;
+        if lines.is_empty() {
+            let _ = file.flush().await;
+        }
+    }
+    let _ = file.flush().await;
+}
+
+/// The address in a `listening on http://ADDR` log line.
+fn listening_addr(line: &str) -> Option<SocketAddr> {
+    let rest = line.split("listening on http://").nth(1)?;
+    rest.split(|c: char| c.is_whitespace() || c == '"')
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listening_addresses_are_found_in_text_and_json_lines() {
+        let text = "2025-01-01T00:00:00Z  INFO lameduck::lifecycle::serve: listening on http://127.0.0.1:4242";
+        assert_eq!(
+            listening_addr(text),
+            Some(SocketAddr::from(([127, 0, 0, 1], 4242)))
+        );
+        let json = r#"{"message":"listening on http://127.0.0.1:4243","level":"INFO"}"#;
+        assert_eq!(
+            listening_addr(json),
+            Some(SocketAddr::from(([127, 0, 0, 1], 4243)))
+        );
+        assert_eq!(listening_addr("nothing here"), None);
+    }
+}

@@ -1,0 +1,244 @@
+//! Open-loop mixed traffic: requests go out on a fixed schedule (request `i`
+//! is due at `start + i / rate`) whether or not earlier ones have answered,
+//! and latency is measured from the time a request was due, so a stalled
+//! server shows up as latency instead of hiding behind a slower sender
+//! (no coordinated omission).
+//!
+//! The mix: redirects (`GET /{code}`) and link creations (`POST /api/links`),
+//! over a pool of HTTP/1.1 keep-alive connections and an HTTP/2
+//! prior-knowledge connection, chosen per request by a seeded generator, so
+//! two runs with the same seed and rate send the same sequence.
+
+use std::error::Error as StdError;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{CONTENT_TYPE, HOST};
+use hyper::{Method, Request};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::fate::Fate;
+
+/// How long an idle pooled HTTP/1.1 connection is kept by the client;
+/// shorter than the balancer's keep-alive timeout, so the client, not the
+/// balancer, closes idle connections and never reuses a closing one.
+pub const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The kind of request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// `GET /{code}`, expecting 307 (and a hit counted).
+    Redirect,
+    /// `POST /api/links`, expecting 201.
+    Create,
+}
+
+/// The protocol a request used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Proto {
+    /// HTTP/1.1 keep-alive.
+    Http1,
+    /// HTTP/2 with prior knowledge (h2c).
+    Http2,
+}
+
+/// The shape of the traffic.
+#[derive(Clone, Debug, Serialize)]
+pub struct Mix {
+    /// Requests per second, constant.
+    pub rate: u32,
+    /// Seed of the generator choosing kind, protocol and code per request.
+    pub seed: u64,
+    /// Share of requests sent over HTTP/2 (0 to 1).
+    pub h2_share: f64,
+    /// Share of requests that create a link (0 to 1); the rest redirect.
+    pub create_share: f64,
+    /// How long one request may take before it counts as a timeout.
+    #[serde(with = "crate::report::millis")]
+    pub timeout: Duration,
+    /// Hard limit on the traffic's duration, whatever the caller does.
+    #[serde(with = "crate::report::millis")]
+    pub max_duration: Duration,
+}
+
+/// Where to send the traffic.
+#[derive(Clone, Copy, Debug)]
+pub struct Targets {
+    /// Address accepting HTTP/1.1.
+    pub http1: SocketAddr,
+    /// Address accepting HTTP/2 with prior knowledge.
+    pub http2: SocketAddr,
+}
+
+/// One request's outcome.
+#[derive(Clone, Copy, Debug)]
+pub struct Record {
+    /// When it was due, from the traffic's origin.
+    pub due: Duration,
+    /// From due to the end of the response body (or the error).
+    pub latency: Duration,
+    /// What happened.
+    pub fate: Fate,
+    /// Redirect or creation.
+    pub kind: Kind,
+    /// HTTP/1.1 or HTTP/2.
+    pub proto: Proto,
+    /// The response status, 0 if there was none.
+    pub status: u16,
+}
+
+type Body = Full<Bytes>;
+
+/// Sends `mix` to `targets` from `origin` until `stop` turns true (or
+/// [`Mix::max_duration`] passes), waits for the requests still out (each
+/// ends within [`Mix::timeout`]), and returns every outcome in due order.
+///
+/// Redirects pick their code from `codes`, which must not be empty.
+pub async fn run(
+    mix: Mix,
+    targets: Targets,
+    codes: Arc<[String]>,
+    origin: Instant,
+    mut stop: watch::Receiver<bool>,
+) -> Vec<Record> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(mix.timeout));
+    let http1: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(CLIENT_IDLE_TIMEOUT)
+        .build(connector.clone());
+    let http2: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(connector);
+
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let collector = tokio::spawn(async move {
+        let mut records = Vec::new();
+        while let Some(record) = rx.recv().await {
+            records.push(record);
+        }
+        records
+    });
+
+    let mut rng = StdRng::seed_from_u64(mix.seed);
+    let period_ns = 1e9 / f64::from(mix.rate.max(1));
+    let deadline = origin + mix.max_duration;
+    for i in 0u64.. {
+        if *stop.borrow() {
+            break;
+        }
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let due = origin + Duration::from_nanos((i as f64 * period_ns) as u64);
+        if due >= deadline {
+            break;
+        }
+        if due > Instant::now() {
+            tokio::select! {
+                () = tokio::time::sleep_until(due) => {}
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        break;
+                    }
+                }
+            }
+        }
+        let proto = if rng.random::<f64>() < mix.h2_share {
+            Proto::Http2
+        } else {
+            Proto::Http1
+        };
+        let kind = if rng.random::<f64>() < mix.create_share {
+            Kind::Create
+        } else {
+            Kind::Redirect
+        };
+        let code = &codes[rng.random_range(0..codes.len())];
+        let (client, addr) = match proto {
+            Proto::Http1 => (http1.clone(), targets.http1),
+            Proto::Http2 => (http2.clone(), targets.http2),
+        };
+        let request = build_request(kind, addr, code, mix.seed, i);
+        let tx = tx.clone();
+        let timeout = mix.timeout;
+        tokio::spawn(async move {
+            let (fate, status) = send(&client, request, kind, timeout).await;
+            let record = Record {
+                due: due - origin,
+                latency: due.elapsed(),
+                fate,
+                kind,
+                proto,
+                status,
+            };
+            let _ = tx.send(record);
+        });
+    }
+    drop(tx);
+    let mut records = collector.await.unwrap_or_default();
+    records.sort_by_key(|record| record.due);
+    records
+}
+
+fn build_request(kind: Kind, addr: SocketAddr, code: &str, seed: u64, i: u64) -> Request<Body> {
+    let builder = Request::builder().header(HOST, addr.to_string());
+    let request = match kind {
+        Kind::Redirect => builder
+            .method(Method::GET)
+            .uri(format!("http://{addr}/{code}"))
+            .body(Body::default()),
+        Kind::Create => builder
+            .method(Method::POST)
+            .uri(format!("http://{addr}/api/links"))
+            .header(CONTENT_TYPE, "application/json")
+            .body(Body::from(format!(
+                r#"{{"url":"https://example.com/load/{seed}/{i}"}}"#
+            ))),
+    };
+    request.unwrap_or_else(|error| unreachable!("a well-formed request: {error}"))
+}
+
+async fn send(
+    client: &Client<HttpConnector, Body>,
+    request: Request<Body>,
+    kind: Kind,
+    timeout: Duration,
+) -> (Fate, u16) {
+    let expected = match kind {
+        Kind::Redirect => 307,
+        Kind::Create => 201,
+    };
+    let exchange = async {
+        let response = client
+            .request(request)
+            .await
+            .map_err(|error| Box::new(error) as Box<dyn StdError + Send + Sync>)?;
+        let status = response.status().as_u16();
+        response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|error| Box::new(error) as Box<dyn StdError + Send + Sync>)?;
+        Ok::<u16, Box<dyn StdError + Send + Sync>>(status)
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Err(_elapsed) => (Fate::Timeout, 0),
+        Ok(Err(error)) => (Fate::of_error(&*error), 0),
+        Ok(Ok(status)) => (Fate::of_status(status, expected), status),
+    }
+}

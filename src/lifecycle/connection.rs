@@ -34,6 +34,10 @@ pub(crate) struct ConnState {
     /// balancer's fresh HTTP/2 connection — is about to send on it: asking
     /// it to go away now would fail that request.
     pub(crate) first_request: CancellationToken,
+    /// Parent of this connection's request tokens (a child of the
+    /// server-wide one), so that creating a request's token contends on
+    /// this connection's lock, not on one shared by every request.
+    pub(crate) requests: CancellationToken,
     /// Set once a response went out with `Connection: close`: the server,
     /// not the client, ended this connection.
     close_sent: AtomicBool,
@@ -53,13 +57,14 @@ pub(crate) struct ConnState {
 }
 
 impl ConnState {
-    pub(crate) fn new(metrics: &LifecycleMetrics) -> ConnState {
+    pub(crate) fn new(metrics: &LifecycleMetrics, requests: CancellationToken) -> ConnState {
         let open = metrics.connections_open(Protocol::pending);
         open.inc();
         ConnState {
             protocol: AtomicU8::new(Protocol::pending as u8),
             goaway: CancellationToken::new(),
             first_request: CancellationToken::new(),
+            requests,
             close_sent: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
             head_since: AtomicU64::new(1),

@@ -188,7 +188,10 @@ where
         let conn = self.conn.clone();
         let shutdown = self.shutdown.clone();
         Box::pin(async move {
-            let token = shutdown.request_token();
+            let token = match &conn {
+                Some(conn) => conn.requests.child_token(),
+                None => shutdown.request_token(),
+            };
             request.extensions_mut().insert(RequestScope {
                 token: token.clone(),
                 tracker: shutdown.tracker().clone(),

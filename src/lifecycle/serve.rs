@@ -435,7 +435,10 @@ where
         if let Err(error) = stream.set_nodelay(true) {
             debug!(%error, %peer, "could not set TCP_NODELAY");
         }
-        let conn = Arc::new(ConnState::new(self.shutdown.metrics()));
+        let conn = Arc::new(ConnState::new(
+            self.shutdown.metrics(),
+            self.shutdown.request_token(),
+        ));
         let service = Scoped::for_connection(
             self.service.clone(),
             self.shutdown.clone(),

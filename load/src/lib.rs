@@ -35,6 +35,7 @@ pub mod raw;
 pub mod replica;
 pub mod report;
 pub mod rollout;
+pub mod soak;
 pub mod traffic;
 
 #[path = "../../tests/support/postgres.rs"]

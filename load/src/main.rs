@@ -13,7 +13,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use load::binaries::{self, Binaries};
 use load::machine::Machine;
-use load::{bench, rollout};
+use load::{bench, rollout, soak};
 
 /// The rollout harness and benchmarks of lameduck.
 #[derive(Debug, Parser)]
@@ -29,6 +29,9 @@ enum Command {
     Rollout(rollout::Options),
     /// Scenario 2: throughput, hit counting, shutdown latency and memory.
     Bench(bench::Options),
+    /// Many idle connections and sustained load past the concurrency limit,
+    /// then SIGTERM (not in CI).
+    Soak(soak::Options),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Rollout(options) => run_rollout(options.resolve(), machine),
         Command::Bench(options) => bench::main(options, machine),
+        Command::Soak(options) => soak::main(options, machine),
     }
 }
 

@@ -2,8 +2,9 @@
 //! without dropping a request or losing a byte.
 //!
 //! # The lifecycle in ten lines
-//! 1. `main` installs SIGTERM/SIGINT handlers, then [`App::build`] opens the
-//!    database and binds the listener.
+//! 1. `main` installs SIGTERM/SIGINT/SIGHUP handlers, then [`App::build`]
+//!    opens the database, applies spilled state, binds (or inherits) the
+//!    listener and starts the workers.
 //! 2. [`lifecycle::serve`] accepts connections on a `run_until_cancelled`
 //!    loop and hands each to a `TaskTracker`; every request gets a
 //!    cancellation token that fires if the client hangs up.
@@ -13,11 +14,13 @@
 //!    connection is told to shut down gracefully: the drain.
 //! 5. Work still running at the deadline is cancelled, given a short grace
 //!    to clean up, and abandoned; a second signal abandons it at once.
-//! 6. The database pool closes and the outcome becomes an exit code.
+//! 6. Workers stop and finalizers run in reverse order (the final flush of
+//!    in-memory state, then the pool); the outcome becomes an exit code.
 //!
 //! # Layout
-//! - [`lifecycle`]: signals, the shutdown handle, the accept loop, the
-//!   per-request scope. Domain-blind: lift it into another service as is.
+//! - [`lifecycle`]: signals, the shutdown handle, the accept loop and its
+//!   connection deadlines, the per-request scope, workers and finalizers,
+//!   socket handoff. Domain-blind: lift it into another service as is.
 //! - [`app`]: wires the domain to the lifecycle.
 //! - [`config`]: command line and environment.
 //! - [`http`]: router, health, readiness, metrics, JSON errors.

@@ -459,16 +459,30 @@ where
             // served a request, else after its first one or the grace.
             let drain_reached = async {
                 shutdown.draining().await;
-                tokio::select! {
-                    () = conn.first_request.cancelled() => {}
-                    () = tokio::time::sleep(FIRST_REQUEST_GRACE) => {}
+                if !conn.has_served() {
+                    tokio::select! {
+                        () = conn.first_request.cancelled() => {}
+                        () = tokio::time::sleep(FIRST_REQUEST_GRACE) => {}
+                    }
                 }
             };
             let mut drain_reached = pin!(drain_reached);
             let idle = conn.idle_for(idle_timeout);
             let mut idle = pin!(idle);
+            let head_overdue = conn.head_overdue(header_read_timeout);
+            let mut head_overdue = pin!(head_overdue);
+            // Once the connection is asked to close: how long it may linger.
+            let closing = CancellationToken::new();
+            let lingered = async {
+                closing.cancelled().await;
+                conn.idle_for(GOAWAY_GRACE).await;
+            };
+            let mut lingered = pin!(lingered);
             let closed_by = loop {
                 tokio::select! {
+                    // The connection first: one that closes as soon as it
+                    // is asked to never arms the other branches' timers.
+                    biased;
                     result = connection.as_mut() => {
                         if let Err(error) = result {
                             debug!(%peer, %error, "connection ended with an error");
@@ -479,6 +493,7 @@ where
                             ClosedBy::client
                         };
                     }
+                    () = shutdown.abandoned() => break ClosedBy::abandoned,
                     // Lame duck: GOAWAY at once to HTTP/2 connections that have
                     // carried a request (a fresh one gets it with its first);
                     // HTTP/1 clients get `Connection: close` on their next
@@ -503,15 +518,17 @@ where
                         connection.as_mut().graceful_shutdown();
                         asked_to_close = true;
                     }
-                    () = conn.head_overdue(header_read_timeout) => {
+                    () = &mut head_overdue => {
                         debug!(%peer, "request head not received in time; closing");
                         break ClosedBy::server;
                     }
-                    () = conn.idle_for(GOAWAY_GRACE), if asked_to_close => {
+                    () = &mut lingered => {
                         debug!(%peer, "asked to close but still open; dropping it");
                         break ClosedBy::server;
                     }
-                    () = shutdown.abandoned() => break ClosedBy::abandoned,
+                }
+                if asked_to_close {
+                    closing.cancel();
                 }
             };
             shutdown.metrics().connection_closed(closed_by);

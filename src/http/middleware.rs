@@ -101,11 +101,7 @@ pub fn panic_response(
     panic: Box<dyn Any + Send + 'static>,
 ) -> Response<Body> {
     metrics.panics.inc();
-    let message = panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_default();
+    let message = crate::lifecycle::panic_message(&*panic);
     tracing::error!(panic = %message, "handler panicked");
     ApiError::Internal("handler panicked".into()).into_response()
 }

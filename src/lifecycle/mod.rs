@@ -70,3 +70,13 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     }
     message
 }
+
+/// The message of a panic payload (`panic!` with a string literal or a
+/// formatted string), for logs and reports.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".to_owned())
+}

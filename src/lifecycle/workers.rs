@@ -313,13 +313,7 @@ where
     match AssertUnwindSafe(work).catch_unwind().await {
         Ok(Ok(())) => Outcome::Done,
         Ok(Err(error)) => Outcome::Failed(error.to_string()),
-        Err(panic) => Outcome::Panicked(
-            panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic".to_owned()),
-        ),
+        Err(panic) => Outcome::Panicked(super::panic_message(&*panic)),
     }
 }
 

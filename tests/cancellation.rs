@@ -50,6 +50,18 @@ fn server_config(database_url: Option<&str>, data_dir: &TempDir, pool: u32) -> S
     }
 }
 
+/// The service on `database_url` (SQLite in `data` when `None`) with a pool
+/// of one connection, so that a leaked connection shows at once.
+async fn app_with_pool_of_one(
+    database_url: Option<&str>,
+    data: &TempDir,
+    shutdown: &Shutdown,
+) -> App {
+    App::build(server_config(database_url, data, 1), shutdown.clone())
+        .await
+        .expect("app")
+}
+
 async fn admin_pool(cluster: &PgCluster) -> PgPool {
     PgPoolOptions::new()
         .max_connections(3)
@@ -240,12 +252,7 @@ async fn a_client_leaving_a_blocked_insert_cancels_it_and_returns_the_connection
     let cluster = PgCluster::start();
     let data = TempDir::new().expect("tempdir");
     let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let app = App::build(
-        server_config(Some(&cluster.url()), &data, 1),
-        shutdown.clone(),
-    )
-    .await
-    .expect("app");
+    let app = app_with_pool_of_one(Some(&cluster.url()), &data, &shutdown).await;
     let addr = app.local_addr();
     let serving = tokio::spawn(app.run());
     let admin = admin_pool(&cluster).await;
@@ -317,12 +324,7 @@ async fn without_the_guard_the_same_scenario_leaves_the_bad_state_the_test_detec
     let cluster = PgCluster::start();
     let data = TempDir::new().expect("tempdir");
     let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let app = App::build(
-        server_config(Some(&cluster.url()), &data, 1),
-        shutdown.clone(),
-    )
-    .await
-    .expect("app");
+    let app = app_with_pool_of_one(Some(&cluster.url()), &data, &shutdown).await;
     let parts = app.into_parts();
     let addr = parts.listener.local_addr().expect("addr");
     let router = Router::new()
@@ -431,9 +433,7 @@ async fn storage_rows(storage: &Storage, code: &str) -> (i64, i64) {
 async fn cancel_at_every_await_point(database_url: Option<&str>, admin: Option<&PgPool>) {
     let data = TempDir::new().expect("tempdir");
     let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let app = App::build(server_config(database_url, &data, 1), shutdown)
-        .await
-        .expect("app");
+    let app = app_with_pool_of_one(database_url, &data, &shutdown).await;
     let storage = app.into_parts().storage;
 
     let never = CancellationToken::new();
@@ -502,12 +502,7 @@ async fn dropping_the_request_after_k_polls_rolls_back_and_the_next_request_succ
     let admin = admin_pool(&cluster).await;
     let data = TempDir::new().expect("tempdir");
     let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let app = App::build(
-        server_config(Some(&cluster.url()), &data, 1),
-        shutdown.clone(),
-    )
-    .await
-    .expect("app");
+    let app = app_with_pool_of_one(Some(&cluster.url()), &data, &shutdown).await;
     let parts = app.into_parts();
     let service = Scoped::new(parts.router, shutdown.clone());
     let create = |code: &str| {

@@ -2,7 +2,7 @@
 //! its socket: protocol, activity, and the deadlines derived from them.
 
 use std::io;
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -12,7 +12,6 @@ use hyper::Version;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -48,10 +47,9 @@ pub(crate) struct ConnState {
     /// was not busy, in milliseconds since `born` plus one; 0 when no head
     /// is pending. Starts at accept: a new connection owes its first head.
     head_since: AtomicU64,
+    /// When `busy` last fell to zero, in milliseconds since `born`.
+    idle_since: AtomicU64,
     born: Instant,
-    /// Notified when a request starts or finishes, a head begins, or the
-    /// protocol becomes known.
-    activity: Notify,
     open: Gauge,
     metrics: LifecycleMetrics,
 }
@@ -68,8 +66,8 @@ impl ConnState {
             close_sent: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
             head_since: AtomicU64::new(1),
+            idle_since: AtomicU64::new(0),
             born: Instant::now(),
-            activity: Notify::new(),
             open,
             metrics: metrics.clone(),
         }
@@ -94,7 +92,6 @@ impl ConnState {
         {
             self.open.dec();
             self.metrics.connections_open(protocol).inc();
-            self.activity.notify_waiters();
         }
     }
 
@@ -110,6 +107,10 @@ impl ConnState {
         self.protocol() == Protocol::http2
     }
 
+    pub(crate) fn is_http1(&self) -> bool {
+        self.protocol() == Protocol::http1
+    }
+
     pub(crate) fn close_sent(&self) -> bool {
         self.close_sent.load(Ordering::Acquire)
     }
@@ -118,16 +119,23 @@ impl ConnState {
         self.close_sent.store(true, Ordering::Release);
     }
 
+    /// Milliseconds since `born`.
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX / 2)
+    }
+
+    fn at_ms(&self, ms: u64) -> Instant {
+        self.born + Duration::from_millis(ms)
+    }
+
     /// Bytes arrived from the client. On an idle HTTP/1 (or undecided)
     /// connection they begin a request head, which starts its deadline.
     fn bytes_arrived(&self) {
         if self.busy.load(Ordering::Acquire) == 0
-            && !self.is_http2()
             && self.head_since.load(Ordering::Acquire) == 0
+            && !self.is_http2()
         {
-            let since = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1;
-            self.head_since.store(since, Ordering::Release);
-            self.activity.notify_waiters();
+            self.head_since.store(self.now_ms() + 1, Ordering::Release);
         }
     }
 
@@ -137,33 +145,49 @@ impl ConnState {
     }
 
     pub(crate) fn request_started(&self) {
-        self.first_request.cancel();
+        if !self.first_request.is_cancelled() {
+            self.first_request.cancel();
+        }
         self.busy.fetch_add(1, Ordering::AcqRel);
         self.head_since.store(0, Ordering::Release);
-        self.activity.notify_waiters();
     }
 
     pub(crate) fn request_finished(&self) {
-        self.busy.fetch_sub(1, Ordering::AcqRel);
-        self.activity.notify_waiters();
+        if self.busy.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle_since.store(self.now_ms(), Ordering::Release);
+        }
     }
 
+    // The deadlines below are kept lazily: nothing wakes the connection's
+    // task when a request starts or ends. Each timer sleeps until the
+    // earliest instant its deadline could fall on, then looks at what
+    // happened meanwhile and either fires or sleeps again, so a request
+    // costs a few atomic stores and no wakeup. Since a period that has not
+    // begun by `now` cannot end before `now + timeout`, every deadline is
+    // still met to the millisecond.
+
     /// Resolves once this connection has had nothing in flight for
-    /// `timeout`.
+    /// `timeout`, counting from the first poll or the end of the last
+    /// request, whichever is later.
     pub(crate) async fn idle_for(&self, timeout: Duration) {
+        let start = self.now_ms();
+        let mut at = self.at_ms(start) + timeout;
         loop {
-            let activity = self.activity.notified();
-            let mut activity = pin!(activity);
-            // Registered before the check, so no change slips between.
-            activity.as_mut().enable();
+            tokio::time::sleep_until(at).await;
             if self.busy.load(Ordering::Acquire) > 0 {
-                activity.await;
+                at = Instant::now() + timeout;
                 continue;
             }
-            tokio::select! {
-                () = tokio::time::sleep(timeout) => return,
-                () = activity => {}
+            let since = self.idle_since.load(Ordering::Acquire).max(start);
+            let deadline = self.at_ms(since) + timeout;
+            // Reloaded: a request that came and went meanwhile moved it.
+            if deadline <= Instant::now()
+                && self.busy.load(Ordering::Acquire) == 0
+                && self.idle_since.load(Ordering::Acquire).max(start) == since
+            {
+                return;
             }
+            at = deadline.max(Instant::now() + Duration::from_millis(1));
         }
     }
 
@@ -171,24 +195,22 @@ impl ConnState {
     /// takes longer than `timeout` to arrive: a slow or silent client. Does
     /// not apply to HTTP/2, whose idle connections carry frames.
     pub(crate) async fn head_overdue(&self, timeout: Duration) {
+        let mut at = self.born + timeout;
         loop {
-            let activity = self.activity.notified();
-            let mut activity = pin!(activity);
-            activity.as_mut().enable();
+            tokio::time::sleep_until(at).await;
+            if self.is_http2() {
+                return std::future::pending().await;
+            }
             let since = self.head_since.load(Ordering::Acquire);
-            if since == 0 || self.is_http2() {
-                activity.await;
+            if since == 0 {
+                at = Instant::now() + timeout;
                 continue;
             }
-            let deadline = self.born + Duration::from_millis(since - 1) + timeout;
-            tokio::select! {
-                () = tokio::time::sleep_until(deadline) => {
-                    if self.head_since.load(Ordering::Acquire) == since && !self.is_http2() {
-                        return;
-                    }
-                }
-                () = activity => {}
+            let deadline = self.at_ms(since - 1) + timeout;
+            if deadline <= Instant::now() && self.head_since.load(Ordering::Acquire) == since {
+                return;
             }
+            at = deadline.max(Instant::now() + Duration::from_millis(1));
         }
     }
 }

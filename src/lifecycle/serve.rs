@@ -453,31 +453,33 @@ where
             let _permit = permit;
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
             let mut connection = pin!(connection);
-            let mut asked_to_close = false;
             let mut lame_duck_seen = false;
-            // When the drain reaches this connection: at once if it has
-            // served a request, else after its first one or the grace.
-            let drain_reached = async {
-                shutdown.draining().await;
-                if !conn.has_served() {
-                    tokio::select! {
-                        () = conn.first_request.cancelled() => {}
-                        () = tokio::time::sleep(FIRST_REQUEST_GRACE) => {}
-                    }
+            let mut draining_seen = false;
+            let mut asked_to_close = false;
+            // A connection that has not carried a request when the drain
+            // starts may still deliver its first one: hyper would drop it
+            // while it is detecting the protocol, failing a request already
+            // on its way.
+            let first_request_grace = async {
+                tokio::select! {
+                    () = conn.first_request.cancelled() => {}
+                    () = tokio::time::sleep(FIRST_REQUEST_GRACE) => {}
                 }
             };
-            let mut drain_reached = pin!(drain_reached);
+            let mut first_request_grace = pin!(first_request_grace);
             let idle = conn.idle_for(idle_timeout);
             let mut idle = pin!(idle);
             let head_overdue = conn.head_overdue(header_read_timeout);
             let mut head_overdue = pin!(head_overdue);
             // Once the connection is asked to close: how long it may linger.
-            let closing = CancellationToken::new();
-            let lingered = async {
-                closing.cancelled().await;
-                conn.idle_for(GOAWAY_GRACE).await;
-            };
+            let lingered = conn.idle_for(GOAWAY_GRACE);
             let mut lingered = pin!(lingered);
+            // Every poll polls each enabled branch, so the conditions keep
+            // the shutdown tokens out of it until the timeline reaches them:
+            // while serving, one shared token is watched, not four. An
+            // HTTP/1 connection has nothing to do at the signal (its next
+            // response says `Connection: close`), so it sleeps through the
+            // lame duck and wakes once, at the drain.
             let closed_by = loop {
                 tokio::select! {
                     // The connection first: one that closes as soon as it
@@ -493,23 +495,37 @@ where
                             ClosedBy::client
                         };
                     }
-                    () = shutdown.abandoned() => break ClosedBy::abandoned,
+                    // Abandoning comes after the trigger and, within
+                    // microseconds, the drain; whichever is seen first
+                    // enables this.
+                    () = shutdown.abandoned(), if lame_duck_seen || draining_seen => {
+                        break ClosedBy::abandoned;
+                    }
                     // Lame duck: GOAWAY at once to HTTP/2 connections that have
-                    // carried a request (a fresh one gets it with its first);
-                    // HTTP/1 clients get `Connection: close` on their next
-                    // response.
-                    () = shutdown.triggered(), if !lame_duck_seen => {
+                    // carried a request (a fresh one gets it with its first,
+                    // through `goaway`). A connection whose protocol is not
+                    // known yet may turn out HTTP/2, so it watches too.
+                    () = shutdown.triggered(), if !lame_duck_seen && !conn.is_http1() => {
                         lame_duck_seen = true;
-                        if conn.is_http2() && conn.has_served() && !asked_to_close {
+                        if conn.is_http2() && conn.has_served() {
                             connection.as_mut().graceful_shutdown();
                             asked_to_close = true;
                         }
                     }
-                    () = conn.goaway.cancelled(), if !asked_to_close => {
+                    () = conn.goaway.cancelled(), if lame_duck_seen && !asked_to_close => {
                         connection.as_mut().graceful_shutdown();
                         asked_to_close = true;
                     }
-                    () = &mut drain_reached, if !asked_to_close => {
+                    // The drain: close at once if the connection has served,
+                    // else after its first request or the grace.
+                    () = shutdown.draining(), if !draining_seen => {
+                        draining_seen = true;
+                        if conn.has_served() && !asked_to_close {
+                            connection.as_mut().graceful_shutdown();
+                            asked_to_close = true;
+                        }
+                    }
+                    () = &mut first_request_grace, if draining_seen && !asked_to_close => {
                         connection.as_mut().graceful_shutdown();
                         asked_to_close = true;
                     }
@@ -522,13 +538,10 @@ where
                         debug!(%peer, "request head not received in time; closing");
                         break ClosedBy::server;
                     }
-                    () = &mut lingered => {
+                    () = &mut lingered, if asked_to_close => {
                         debug!(%peer, "asked to close but still open; dropping it");
                         break ClosedBy::server;
                     }
-                }
-                if asked_to_close {
-                    closing.cancel();
                 }
             };
             shutdown.metrics().connection_closed(closed_by);

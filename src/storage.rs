@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
-use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
 use sqlx::{AnyConnection, AnyPool, ConnectOptions, Connection, Executor, Row};
 use tokio_util::sync::CancellationToken;
 
@@ -439,16 +439,57 @@ impl Storage {
             .bind(code)
             .fetch_optional(&self.pool)
             .await?;
-        row.map(|row| -> Result<StoredLink, sqlx::Error> {
-            Ok(StoredLink {
-                code: row.try_get("code")?,
-                url: row.try_get("url")?,
-                hits: row.try_get("hits")?,
-                created_at: row.try_get("created_at")?,
-            })
-        })
-        .transpose()
-        .map_err(StorageError::from)
+        row.as_ref()
+            .map(stored_link)
+            .transpose()
+            .map_err(StorageError::from)
+    }
+
+    /// Looks a link up by code and, in the same statement (one snapshot),
+    /// which of the hit batches `batch_ids` have been applied.
+    ///
+    /// # Errors
+    /// The database error.
+    pub async fn find_link_and_batches(
+        &self,
+        code: &str,
+        batch_ids: &[&str],
+    ) -> Result<Option<(StoredLink, Vec<bool>)>, StorageError> {
+        if batch_ids.is_empty() {
+            return Ok(self.find_link(code).await?.map(|link| (link, Vec::new())));
+        }
+        self.check_available()?;
+        let result = self.find_link_and_batches_inner(code, batch_ids).await;
+        self.observe(result)
+    }
+
+    async fn find_link_and_batches_inner(
+        &self,
+        code: &str,
+        batch_ids: &[&str],
+    ) -> Result<Option<(StoredLink, Vec<bool>)>, StorageError> {
+        let mut sql = String::from("SELECT code, url, hits, created_at");
+        for n in 0..batch_ids.len() {
+            // Integers, not booleans: SQLite has no boolean type.
+            sql.push_str(&format!(
+                ", CAST(CASE WHEN EXISTS (SELECT 1 FROM hit_batches WHERE id = ${}) \
+                 THEN 1 ELSE 0 END AS BIGINT)",
+                n + 2
+            ));
+        }
+        sql.push_str(" FROM links WHERE code = $1");
+        let mut query = sqlx::query(&sql).bind(code);
+        for id in batch_ids {
+            query = query.bind(*id);
+        }
+        let Some(row) = query.fetch_optional(&self.pool).await? else {
+            return Ok(None);
+        };
+        let link = stored_link(&row)?;
+        let landed = (0..batch_ids.len())
+            .map(|n| row.try_get::<i64, _>(n + 4).map(|flag| flag != 0))
+            .collect::<Result<Vec<bool>, _>>()?;
+        Ok(Some((link, landed)))
     }
 
     /// Applies one batch of hit counts, exactly once: the batch id is
@@ -618,6 +659,16 @@ fn pool_options(
                 Ok(clean)
             })
         })
+}
+
+/// A `links` row (`code, url, hits, created_at`) as a [`StoredLink`].
+fn stored_link(row: &AnyRow) -> Result<StoredLink, sqlx::Error> {
+    Ok(StoredLink {
+        code: row.try_get("code")?,
+        url: row.try_get("url")?,
+        hits: row.try_get("hits")?,
+        created_at: row.try_get("created_at")?,
+    })
 }
 
 /// A timestamp as stored: RFC 3339, UTC, milliseconds (sorts as text).

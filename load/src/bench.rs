@@ -347,6 +347,16 @@ impl Bench<'_> {
         }
     }
 
+    /// Bare hyper on a free port; it takes no other argument.
+    fn bare_spec(&self) -> Spec {
+        Spec {
+            program: self.binaries.bare_hyper.clone(),
+            args: vec!["127.0.0.1:0".into()],
+            env: Vec::new(),
+            cpus: self.cpus.clone(),
+        }
+    }
+
     async fn start(&self, name: &str, spec: &Spec, ready: &str) -> anyhow::Result<Replica> {
         let replica = Replica::spawn(name, spec, &self.logs.join(format!("{name}.log"))).await?;
         replica.wait_ready(ready, Duration::from_secs(30)).await?;
@@ -425,13 +435,9 @@ impl Bench<'_> {
                 "/readyz",
             )
             .await?;
-        let bare_spec = Spec {
-            program: b.bare_hyper.clone(),
-            args: vec!["127.0.0.1:0".into()],
-            env: Vec::new(),
-            cpus: self.cpus.clone(),
-        };
-        let mut bare = self.start("tp-bare-hyper", &bare_spec, "/healthz").await?;
+        let mut bare = self
+            .start("tp-bare-hyper", &self.bare_spec(), "/healthz")
+            .await?;
         let requests = Arc::new(vec![raw::get("/healthz")]);
         let targets = vec![
             (
@@ -476,9 +482,7 @@ impl Bench<'_> {
         for replica in [&counted, &uncounted] {
             let mut conn = RawConn::connect(replica.addr).await?;
             for n in 0..self.options.links {
-                let body =
-                    format!(r#"{{"url":"https://example.com/bench/{n}","code":"bench-{n}"}}"#);
-                let head = conn.exchange(&raw::post_json("/api/links", &body)).await?;
+                let head = conn.exchange(&create_bench_link(n)).await?;
                 if head.status != 201 {
                     bail!(
                         "{}: creating link bench-{n} answered {}",
@@ -532,15 +536,7 @@ impl Bench<'_> {
                 "plain axum::serve",
                 self.spec(&b.plain_axum, "sd-plain", &["--max-connections", &limit]),
             ),
-            (
-                "bare hyper (exits at once: the floor)",
-                Spec {
-                    program: b.bare_hyper.clone(),
-                    args: vec!["127.0.0.1:0".into()],
-                    env: Vec::new(),
-                    cpus: self.cpus.clone(),
-                },
-            ),
+            ("bare hyper (exits at once: the floor)", self.bare_spec()),
         ];
         let mut runs: Vec<Vec<ShutdownRun>> = vec![Vec::new(); servers.len()];
         let rounds = self.options.rounds.min(5) as usize;
@@ -622,10 +618,7 @@ impl Bench<'_> {
         let b = self.binaries;
         let healthz = raw::get("/healthz");
         let redirect = raw::get("/bench-0");
-        let link = raw::post_json(
-            "/api/links",
-            r#"{"url":"https://example.com/bench/0","code":"bench-0"}"#,
-        );
+        let link = create_bench_link(0);
         let cases: [(&str, &str, &Path, &str, &[u8]); 5] = [
             ("GET /healthz", "lameduck", &b.lameduck, "/readyz", &healthz),
             (
@@ -664,12 +657,7 @@ impl Bench<'_> {
             for requests in INSTRUCTION_RUNS {
                 let run = format!("in-{index}-{requests}");
                 let spec = if program == b.bare_hyper.as_path() {
-                    Spec {
-                        program: program.to_owned(),
-                        args: vec!["127.0.0.1:0".into()],
-                        env: Vec::new(),
-                        cpus: self.cpus.clone(),
-                    }
+                    self.bare_spec()
                 } else {
                     self.spec(program, &run, &[])
                 };
@@ -730,6 +718,13 @@ impl Bench<'_> {
         }
         Ok(series)
     }
+}
+
+/// `POST /api/links` creating `bench-{n}`, the links the redirect
+/// benchmarks follow.
+fn create_bench_link(n: u32) -> Vec<u8> {
+    let body = format!(r#"{{"url":"https://example.com/bench/{n}","code":"bench-{n}"}}"#);
+    raw::post_json("/api/links", &body)
 }
 
 /// The instruction count of a callgrind output file (its `totals:` line).

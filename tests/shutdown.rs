@@ -115,11 +115,49 @@ fn assert_logged(server: &LameduckProcess, needle: &str) {
     );
 }
 
-fn assert_refused(addr: SocketAddr) {
+/// The server no longer listens on `addr`: a connection is refused, or, if
+/// a test running beside this one has bound the freed port meanwhile (port 0
+/// hands out recently freed ports too), the server holds no listening
+/// socket on it.
+fn assert_refused(server: &mut LameduckProcess, addr: SocketAddr) {
     match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {}
-        other => panic!("a connection to {addr} was not refused: {other:?}"),
+        other => assert!(
+            !(server.is_running() && listens_on(server.pid(), addr.port())),
+            "a connection to {addr} was not refused: {other:?}"
+        ),
     }
+}
+
+/// Whether process `pid` holds a TCP socket listening on `port`: the
+/// LISTEN entries (state `0A`) of `/proc/net/tcp{,6}` on that port, matched
+/// by inode against the process's open descriptors.
+fn listens_on(pid: nix::unistd::Pid, port: u16) -> bool {
+    let port = format!(":{port:04X}");
+    let inodes: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    (fields.len() > 9 && fields[1].ends_with(&port) && fields[3] == "0A")
+                        .then(|| format!("socket:[{}]", fields[9]))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .any(|target| {
+            inodes
+                .iter()
+                .any(|inode| target.as_os_str() == inode.as_str())
+        })
 }
 
 // Gap: the core promise, end to end through a real SIGTERM: a request that
@@ -132,10 +170,14 @@ fn inflight_request_completes_after_sigterm_with_connection_close() {
     let addr = server.addr();
     let mut slow = start_slow_post(addr);
     wait_in_flight(addr, 1);
+    assert!(
+        listens_on(server.pid(), addr.port()),
+        "the check sees the listener"
+    );
 
     server.signal(Signal::SIGTERM);
     assert_logged(&server, DRAINING);
-    assert_refused(addr);
+    assert_refused(&mut server, addr);
     assert!(server.is_running(), "exited with a request in flight");
 
     finish_slow_post(&mut slow);
@@ -150,7 +192,7 @@ fn inflight_request_completes_after_sigterm_with_connection_close() {
 
     assert_eq!(exit_code(&mut server, PATIENCE), 0, "{}", server.log_text());
     assert_logged(&server, COMPLETE);
-    assert_refused(addr);
+    assert_refused(&mut server, addr);
 }
 
 // Gap: idle keep-alive connections must not hold the drain. Two hundred of

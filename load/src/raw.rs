@@ -295,7 +295,9 @@ pub async fn exactly(
 
 /// Opens `count` connections, each answered one `request` (so the server
 /// knows its protocol), and returns them open and idle. At most
-/// `concurrency` connects run at once.
+/// `concurrency` connects run at once. They are returned outside the
+/// runtime's reactor, so the server closing them wakes nothing here: a
+/// shutdown is timed on the server's work alone.
 ///
 /// # Errors
 /// The first connection that fails.
@@ -304,7 +306,7 @@ pub async fn open_idle(
     count: usize,
     request: &[u8],
     concurrency: usize,
-) -> io::Result<Vec<TcpStream>> {
+) -> io::Result<Vec<std::net::TcpStream>> {
     let request = Arc::new(request.to_vec());
     let mut open = Vec::with_capacity(count);
     let mut tasks = JoinSet::new();
@@ -318,7 +320,7 @@ pub async fn open_idle(
                 if head.close {
                     return Err(io::Error::other("the server closed an idle connection"));
                 }
-                Ok::<_, io::Error>(conn.into_stream())
+                conn.into_stream().into_std()
             });
             started += 1;
         }

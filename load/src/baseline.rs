@@ -6,7 +6,11 @@
 //!   `axum::serve(listener, router).with_graceful_shutdown(sigterm)`. No
 //!   readiness flip, no lame-duck period, no deadline.
 //! - [`bare_hyper`]: a hyper-util server answering `GET /healthz` with
-//!   200 `ok`: the floor of what serving HTTP costs.
+//!   200 `ok`: the floor of what serving HTTP costs. At SIGTERM it either
+//!   exits at once, leaving its connections to the kernel, or, with
+//!   [`OnSigterm::Graceful`], follows hyper-util's own recipe
+//!   (`GracefulShutdown`): every connection is told to close, and the
+//!   process exits when the last one has.
 //! - [`redirect_uncounted`]: lameduck itself with hit counting switched off
 //!   (`HitCounter::set_counting(false)`), to price the counting.
 
@@ -22,6 +26,7 @@ use hyper::body::Incoming;
 use hyper::{Method, Request};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use lameduck::config::{Cli, Command, ServerConfig};
 use lameduck::lifecycle::{signal, LifecycleMetrics, RequestScope, Shutdown};
 use lameduck::{telemetry, App};
@@ -116,12 +121,22 @@ pub async fn plain_axum(config: ServerConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What [`bare_hyper`] does at SIGTERM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnSigterm {
+    /// Return at once: the kernel closes every connection at exit.
+    Exit,
+    /// Stop accepting, `graceful_shutdown()` every connection through
+    /// hyper-util's `GracefulShutdown`, and return when all have closed.
+    Graceful,
+}
+
 /// A hyper-util server on `listen` answering `GET /healthz` with 200 `ok`
-/// (404 otherwise), until SIGTERM.
+/// (404 otherwise), until SIGTERM; then as `on_sigterm` says.
 ///
 /// # Errors
 /// If it cannot bind.
-pub async fn bare_hyper(listen: SocketAddr) -> anyhow::Result<()> {
+pub async fn bare_hyper(listen: SocketAddr, on_sigterm: OnSigterm) -> anyhow::Result<()> {
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -138,6 +153,7 @@ pub async fn bare_hyper(listen: SocketAddr) -> anyhow::Result<()> {
         };
         Ok::<_, Infallible>(response)
     });
+    let graceful = GracefulShutdown::new();
     let terminate = sigterm();
     tokio::pin!(terminate);
     loop {
@@ -146,13 +162,20 @@ pub async fn bare_hyper(listen: SocketAddr) -> anyhow::Result<()> {
                 let Ok((stream, _)) = accepted else { continue };
                 let _ = stream.set_nodelay(true);
                 let builder = builder.clone();
+                let watcher = graceful.watcher();
                 tokio::spawn(async move {
-                    let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                    let connection = builder.serve_connection(TokioIo::new(stream), service);
+                    let _ = watcher.watch(connection).await;
                 });
             }
-            () = &mut terminate => return Ok(()),
+            () = &mut terminate => break,
         }
     }
+    if on_sigterm == OnSigterm::Graceful {
+        drop(listener);
+        graceful.shutdown().await;
+    }
+    Ok(())
 }
 
 /// lameduck itself, with hit counting switched off: the redirect path

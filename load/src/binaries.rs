@@ -18,6 +18,9 @@ pub struct Binaries {
     pub bare_hyper: PathBuf,
     /// `redirect-uncounted`: lameduck's redirect path without hit counting.
     pub redirect_uncounted: PathBuf,
+    /// `close-floor`: no server; closes its connections from every CPU at
+    /// SIGTERM, the floor of the shutdown benchmark.
+    pub close_floor: PathBuf,
 }
 
 /// The profile this binary was built with, and builds the servers with:
@@ -28,7 +31,13 @@ pub const PROFILE: &str = if cfg!(debug_assertions) {
     "release"
 };
 
-const NAMES: [&str; 4] = ["lameduck", "plain-axum", "bare-hyper", "redirect-uncounted"];
+const NAMES: [&str; 5] = [
+    "lameduck",
+    "plain-axum",
+    "bare-hyper",
+    "redirect-uncounted",
+    "close-floor",
+];
 
 /// The workspace this crate was built from.
 pub fn workspace_root() -> PathBuf {
@@ -95,12 +104,12 @@ impl Binaries {
                 anyhow!("binary {name} not found; build with `cargo build --release -p lameduck -p load --bins`")
             })
         };
-        debug_assert_eq!(NAMES.len(), 4);
         Ok(Binaries {
             lameduck: get(NAMES[0])?,
             plain_axum: get(NAMES[1])?,
             bare_hyper: get(NAMES[2])?,
             redirect_uncounted: get(NAMES[3])?,
+            close_floor: get(NAMES[4])?,
         })
     }
 }

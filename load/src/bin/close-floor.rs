@@ -1,0 +1,108 @@
+//! `close-floor [ADDR]`: the floor of a graceful close, with no HTTP server
+//! in the way.
+//!
+//! It accepts connections on ADDR (default `127.0.0.1:0`, logged as
+//! `listening on http://ADDR`), answers the first request on each with
+//! `200 ok` so the harness can open them as it does for the servers, and
+//! keeps them. At SIGTERM it sends every one the FIN a graceful server
+//! sends (`shutdown(2)`, then `close(2)`), from one thread per CPU it may
+//! run on, and exits. What that takes is the kernel's share of closing the
+//! connections, which no server can go below.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use nix::sys::signal::{SigSet, Signal};
+
+const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+
+fn main() -> ExitCode {
+    let listen = match std::env::args().nth(1).map(|arg| arg.parse::<SocketAddr>()) {
+        None => SocketAddr::from(([127, 0, 0, 1], 0)),
+        Some(Ok(addr)) => addr,
+        Some(Err(error)) => {
+            eprintln!("close-floor: bad address: {error} (usage: close-floor [ADDR])");
+            return ExitCode::from(2);
+        }
+    };
+    // Before any thread starts, so that every thread inherits the mask and
+    // SIGTERM waits for `wait` below.
+    let mut terminate = SigSet::empty();
+    terminate.add(Signal::SIGTERM);
+    if let Err(error) = terminate.thread_block() {
+        eprintln!("close-floor: cannot block SIGTERM: {error}");
+        return ExitCode::FAILURE;
+    }
+    let listener = match TcpListener::bind(listen) {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!("close-floor: cannot listen on {listen}: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match listener.local_addr() {
+        Ok(addr) => println!("listening on http://{addr}"),
+        Err(error) => {
+            eprintln!("close-floor: {error}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let open = Arc::new(Mutex::new(Vec::new()));
+    std::thread::spawn({
+        let open = Arc::clone(&open);
+        move || accept(&listener, &open)
+    });
+    if let Err(error) = terminate.wait() {
+        eprintln!("close-floor: cannot wait for SIGTERM: {error}");
+        return ExitCode::FAILURE;
+    }
+    let connections = std::mem::take(&mut *open.lock().unwrap_or_else(PoisonError::into_inner));
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let share = connections.len().div_ceil(threads).max(1);
+    let mut rest = connections;
+    std::thread::scope(|scope| {
+        while !rest.is_empty() {
+            let part = rest.split_off(rest.len().saturating_sub(share));
+            scope.spawn(move || {
+                for connection in part {
+                    let _ = connection.shutdown(Shutdown::Write);
+                    // Closed here, after its FIN, as a server's task would.
+                    drop(connection);
+                }
+            });
+        }
+    });
+    ExitCode::SUCCESS
+}
+
+/// Answers the first request of every connection and keeps it in `open`.
+fn accept(listener: &TcpListener, open: &Mutex<Vec<TcpStream>>) {
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        if answer_first_request(&mut stream).is_ok() {
+            open.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(stream);
+        }
+    }
+}
+
+/// Reads one request head and answers it; a client that sends none within
+/// a second is dropped.
+fn answer_first_request(stream: &mut TcpStream) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(Duration::from_secs(1)))?;
+    let mut head = Vec::with_capacity(256);
+    let mut buffer = [0_u8; 1024];
+    while !head.windows(4).any(|window| window == b"\r\n\r\n") {
+        let read = stream.read(&mut buffer)?;
+        if read == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        head.extend_from_slice(&buffer[..read]);
+    }
+    stream.write_all(ANSWER)
+}

@@ -153,7 +153,9 @@ pub async fn bare_hyper(listen: SocketAddr, on_sigterm: OnSigterm) -> anyhow::Re
         };
         Ok::<_, Infallible>(response)
     });
-    let graceful = GracefulShutdown::new();
+    // Only the graceful flavor watches its connections: the one that exits
+    // at once stays the bare floor of serving.
+    let graceful = (on_sigterm == OnSigterm::Graceful).then(GracefulShutdown::new);
     let terminate = sigterm();
     tokio::pin!(terminate);
     loop {
@@ -162,16 +164,19 @@ pub async fn bare_hyper(listen: SocketAddr, on_sigterm: OnSigterm) -> anyhow::Re
                 let Ok((stream, _)) = accepted else { continue };
                 let _ = stream.set_nodelay(true);
                 let builder = builder.clone();
-                let watcher = graceful.watcher();
+                let watcher = graceful.as_ref().map(GracefulShutdown::watcher);
                 tokio::spawn(async move {
                     let connection = builder.serve_connection(TokioIo::new(stream), service);
-                    let _ = watcher.watch(connection).await;
+                    let _ = match watcher {
+                        Some(watcher) => watcher.watch(connection).await,
+                        None => connection.await,
+                    };
                 });
             }
             () = &mut terminate => break,
         }
     }
-    if on_sigterm == OnSigterm::Graceful {
+    if let Some(graceful) = graceful {
         drop(listener);
         graceful.shutdown().await;
     }

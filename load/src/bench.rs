@@ -54,6 +54,10 @@ const INSTRUCTION_RUNS: [usize; 2] = [1_000, 11_000];
 /// The placement of the shutdown runs that leave the servers unpinned.
 const ALL_CORES: &str = "all cores";
 
+/// [`BenchReport::placement`] when nothing is pinned (`--no-pin`, or one
+/// core).
+const NOT_PINNED: &str = "not pinned";
+
 /// Options of `load bench`.
 #[derive(Clone, Debug, clap::Args, Serialize)]
 pub struct Options {
@@ -230,7 +234,7 @@ pub fn main(options: Options, mut machine: Machine) -> ExitCode {
                 machine.cores - 1
             )
         } else {
-            "not pinned".to_owned()
+            NOT_PINNED.to_owned()
         };
         let out = options.out.clone().unwrap_or_else(|| {
             let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
@@ -1047,7 +1051,7 @@ pub fn summary(report: &BenchReport) -> String {
             .filter(|s| s.placement == placement)
             .collect();
         // The harness stays pinned when the servers get every core.
-        let footer = if placement == ALL_CORES && report.placement != "not pinned" {
+        let footer = if placement == ALL_CORES && report.placement != NOT_PINNED {
             format!(
                 "Machine: {}; servers on all cores, load generator pinned to CPU {}.\n\nCommand: `{}`\n",
                 report.machine.line(),

@@ -34,6 +34,10 @@ pub const FINAL_FLUSH_BUDGET: Duration = Duration::from_secs(5);
 /// held by abandoned work must not hold the process.
 pub const POOL_CLOSE_BUDGET: Duration = Duration::from_secs(2);
 
+/// How often a running process looks in the spill directory for files that
+/// another replica (or an earlier run) left, and applies them.
+pub const SPILL_SCAN_INTERVAL: Duration = Duration::from_secs(5);
+
 /// The whole finalize phase at its worst: stopping workers plus every
 /// finalizer's budget. Part of [`ServerConfig::shutdown_budget`].
 pub const FINALIZE_BUDGET: Duration = FLUSHER_STOP_BUDGET
@@ -72,17 +76,24 @@ pub struct AppParts {
     /// The hit flusher and the finalizers; call [`Workers::stop`] after
     /// serving, as [`App::run`] does.
     pub workers: Workers,
+    /// The timeline's owner, for the server loop.
+    pub shutdown: Shutdown,
 }
 
-/// How a run ended: the drain, then workers and finalizers.
+/// How a run ended: the drain, then workers and finalizers, and where the
+/// in-memory state went.
 #[derive(Debug)]
 pub struct RunReport {
     /// What the request drain did.
     pub drain: DrainReport,
     /// What stopping workers and running finalizers did.
     pub stop: StopReport,
+    /// Hits this process wrote to the database.
+    pub flushed_hits: u64,
     /// Hits written to a spill file instead of the database.
     pub spilled_hits: u64,
+    /// Hits written nowhere: the spill file could not be written.
+    pub lost_hits: u64,
 }
 
 /// A built service: database open, spilled state recovered, listener bound,
@@ -110,6 +121,11 @@ impl App {
 
     /// Like [`App::build`], but serves `inherited` (a listening socket passed
     /// down by systemd or a predecessor) instead of binding `--listen`.
+    /// `shutdown` is the timeline's owner: take the [`Trigger`] and
+    /// [`Force`] handles the caller needs from it first.
+    ///
+    /// [`Trigger`]: crate::lifecycle::Trigger
+    /// [`Force`]: crate::lifecycle::Force
     ///
     /// # Errors
     /// A [`StartupError`] naming what failed.
@@ -119,7 +135,7 @@ impl App {
         inherited: Option<std::net::TcpListener>,
     ) -> Result<App, StartupError> {
         let mut registry = Registry::with_prefix("lameduck");
-        shutdown.metrics().register(&mut registry);
+        shutdown.watch().metrics().register(&mut registry);
         let http_metrics = HttpMetrics::default();
         http_metrics.register(&mut registry);
         let storage_metrics = StorageMetrics::default();
@@ -137,14 +153,10 @@ impl App {
         )
         .await?;
         // Before readiness: the database must hold every hit from before.
-        let replayed = spill::replay(&config.data_dir, &storage).await?;
-        if replayed.files > 0 {
-            tracing::info!(
-                files = replayed.files,
-                hits = replayed.hits,
-                already_applied = replayed.already_applied,
-                "applied hits spilled by an earlier run"
-            );
+        // Spills of earlier versions sit in the data directory itself.
+        let spill_dir = config.spill_dir();
+        for dir in [&spill_dir, &config.data_dir] {
+            log_replayed(spill::replay(dir, &storage).await?);
         }
         let bind_error = |source| StartupError::Bind {
             addr: config.listen,
@@ -159,12 +171,18 @@ impl App {
             None => TcpListener::bind(config.listen).await.map_err(bind_error)?,
         };
 
-        let mut workers = Workers::new(shutdown.clone());
+        let mut workers = Workers::new(&shutdown);
         // Finalizers run last-registered first: the pool closes after the
         // final flush has used it.
         workers.on_shutdown("close database pool", POOL_CLOSE_BUDGET, {
             let storage = storage.clone();
             move || async move {
+                // Fault injection for the ways-out tests: a finalizer that
+                // overruns its budget.
+                #[cfg(feature = "failpoints")]
+                if fail::eval("close-database-pool-hangs", |_| ()).is_some() {
+                    std::future::pending::<()>().await;
+                }
                 storage.close().await;
                 Ok(())
             }
@@ -178,13 +196,26 @@ impl App {
             let storage = storage.clone();
             move |token| storage::run_health_probe(storage, HEALTH_PROBE_INTERVAL, token)
         });
+        workers.spawn_background("spill replayer", {
+            let (storage, spill_dir) = (storage.clone(), spill_dir.clone());
+            move |token| replay_spills(storage, spill_dir, token)
+        });
         workers.on_shutdown("final hit flush", FINAL_FLUSH_BUDGET, {
             let (hits, storage) = (hits.clone(), storage.clone());
-            let data_dir = config.data_dir.clone();
+            let spill_dir = spill_dir.clone();
             move || async move {
                 let outcome =
-                    hits::final_flush(&hits, &storage, &data_dir, FINAL_FLUSH_BUDGET).await?;
+                    hits::final_flush(&hits, &storage, &spill_dir, FINAL_FLUSH_BUDGET).await?;
                 tracing::info!(target: LOG_TARGET, ?outcome, "final hit flush");
+                Ok(())
+            }
+        });
+        // A second signal skips the final flush: the hits go to disk
+        // instead, at once, with no database round trip.
+        workers.on_force("spill pending hits", {
+            let hits = hits.clone();
+            move || {
+                hits.spill_now(&spill_dir)?;
                 Ok(())
             }
         });
@@ -192,7 +223,7 @@ impl App {
         let startup = Startup::default();
         let router = http::router(
             AppState {
-                shutdown: shutdown.clone(),
+                shutdown: shutdown.watch().clone(),
                 startup: startup.clone(),
                 registry: Arc::new(registry),
                 http_metrics,
@@ -254,6 +285,7 @@ impl App {
             router: self.router,
             storage: self.storage,
             workers: self.workers,
+            shutdown: self.shutdown,
         }
     }
 
@@ -270,13 +302,49 @@ impl App {
             workers,
             config,
         } = self;
-        let drain = lifecycle::serve(listener, router, shutdown.clone(), config.serve()).await;
+        let drain = lifecycle::serve(listener, router, &shutdown, config.serve()).await;
         let stop = workers.stop().await;
         shutdown.set_phase(Phase::Stopped);
         RunReport {
             drain,
             stop,
+            flushed_hits: hits.flushed(),
             spilled_hits: hits.spilled(),
+            lost_hits: hits.lost(),
         }
+    }
+}
+
+/// Applies the spill files that appear in `dir` while the process runs —
+/// left by another replica sharing the directory, or by an earlier run —
+/// every [`SPILL_SCAN_INTERVAL`], until `token` fires. A failed replay
+/// (the database is down) is retried at the next scan.
+async fn replay_spills(
+    storage: Storage,
+    dir: std::path::PathBuf,
+    token: tokio_util::sync::CancellationToken,
+) -> Result<(), lifecycle::BoxError> {
+    let mut ticker = tokio::time::interval(SPILL_SCAN_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    while token.run_until_cancelled(ticker.tick()).await.is_some() {
+        match spill::replay(&dir, &storage).await {
+            Ok(replayed) => log_replayed(replayed),
+            Err(error) => {
+                tracing::warn!(error = %lifecycle::error_chain(&error), "applying spilled hits failed; retrying at the next scan")
+            }
+        }
+    }
+    Ok(())
+}
+
+fn log_replayed(replayed: spill::Replayed) {
+    if replayed.files > 0 {
+        tracing::info!(
+            files = replayed.files,
+            hits = replayed.hits,
+            already_applied = replayed.already_applied,
+            "applied spilled hits"
+        );
     }
 }

@@ -60,6 +60,15 @@ pub struct ServerConfig {
     #[arg(long, env = "LAMEDUCK_DATA_DIR", default_value = "data")]
     pub data_dir: PathBuf,
 
+    /// Where hits go when the database cannot take them at exit, and where
+    /// this process looks for such files to apply, at startup and every
+    /// `SPILL_SCAN_INTERVAL` while it runs. Replicas of one service may
+    /// (and in containers should) share it on a durable volume: any live
+    /// replica applies any replica's spill, exactly once.
+    /// Default: `<data-dir>/spill`.
+    #[arg(long, env = "LAMEDUCK_SPILL_DIR", value_name = "PATH")]
+    pub spill_dir: Option<PathBuf>,
+
     /// Database URL: `postgres://…` for PostgreSQL, `sqlite://…` for SQLite.
     /// Default: SQLite at `<data-dir>/lameduck.db`.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
@@ -117,6 +126,13 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
+    /// The spill directory: `--spill-dir`, or `<data-dir>/spill`.
+    pub fn spill_dir(&self) -> PathBuf {
+        self.spill_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("spill"))
+    }
+
     /// How the lifecycle serves connections and drains them.
     pub fn serve(&self) -> ServeConfig {
         ServeConfig {

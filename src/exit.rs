@@ -28,6 +28,11 @@ pub enum Exit {
     StateSpilled = 6,
     /// A finalizer failed or overran its budget.
     FinalizerFailed = 7,
+    /// In-memory state was lost: the database could not take it and the
+    /// spill file could not be written (disk full, read-only or missing
+    /// directory, permission denied). The log names the path and the
+    /// number of hits lost.
+    StateLost = 8,
 }
 
 impl Exit {
@@ -37,9 +42,15 @@ impl Exit {
     }
 
     /// The exit a run ending in `report` calls for. When several apply,
-    /// the first of: forced, deadline exceeded, worker failed, finalizer
-    /// failed, state spilled.
+    /// the first of: state lost, forced, deadline exceeded, worker failed,
+    /// finalizer failed, state spilled.
     pub fn from_run(report: &RunReport) -> Exit {
+        if report.lost_hits > 0 {
+            return Exit::StateLost;
+        }
+        if report.stop.forced {
+            return Exit::Forced;
+        }
         match report.drain.outcome {
             DrainOutcome::Forced => Exit::Forced,
             DrainOutcome::DeadlineExceeded => Exit::DeadlineExceeded,

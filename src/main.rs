@@ -23,6 +23,10 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Server(config) => {
             telemetry::init(config.log_format);
+            // Fault injection for the ways-out tests (`FAILPOINTS=…`); not
+            // compiled into a normal build.
+            #[cfg(feature = "failpoints")]
+            let _failpoints = fail::FailScenario::setup();
             // Before any thread starts: this clears LISTEN_FDS from the
             // environment.
             let inherited = match handoff::inherited_listener() {
@@ -77,17 +81,22 @@ async fn server(config: ServerConfig, inherited: Option<std::net::TcpListener>) 
         }
     };
     let shutdown = Shutdown::new(LifecycleMetrics::default());
-    tokio::spawn(signal::forward(signals, shutdown.clone()));
+    let (watch, trigger) = (shutdown.watch().clone(), shutdown.trigger_handle());
+    tokio::spawn(signal::forward(
+        signals,
+        trigger.clone(),
+        shutdown.force_handle(),
+    ));
     tokio::spawn({
-        let shutdown = shutdown.clone();
+        let watch = watch.clone();
         async move {
-            shutdown.triggered().await;
+            watch.triggered().await;
             handoff::notify_stopping();
         }
     });
 
     let pid_file = config.pid_file.clone();
-    let app = match App::build_on(config, shutdown.clone(), inherited).await {
+    let app = match App::build_on(config, shutdown, inherited).await {
         Ok(app) => app,
         Err(error) => {
             tracing::error!("startup failed: {}", error_chain(&error));
@@ -97,10 +106,7 @@ async fn server(config: ServerConfig, inherited: Option<std::net::TcpListener>) 
     match app.listener_handle() {
         Ok(listener) => {
             tokio::spawn(handoff::upgrade_on_hangup(
-                hangups,
-                listener,
-                successor,
-                shutdown.clone(),
+                hangups, listener, successor, watch, trigger,
             ));
         }
         Err(error) => tracing::warn!(%error, "in-place upgrade unavailable"),
@@ -153,7 +159,9 @@ fn summarize(run: &RunReport, exit: Exit) {
         connections_closed_by_client = report.closed_by_client,
         connections_closed_by_server = report.closed_by_server,
         connections_abandoned = report.connections_abandoned,
+        flushed_hits = run.flushed_hits,
         spilled_hits = run.spilled_hits,
+        lost_hits = run.lost_hits,
         stopped = %run.stop.summary(),
         exit_code = exit.code(),
         "shutdown complete"

@@ -56,7 +56,7 @@ impl TestApp {
         let startup = Startup::default();
         startup.complete();
         let state = AppState {
-            shutdown: shutdown.clone(),
+            shutdown: shutdown.watch().clone(),
             startup,
             registry: Arc::new(registry),
             http_metrics: HttpMetrics::default(),
@@ -77,7 +77,7 @@ impl TestApp {
         let routes = http::operational_routes().merge(http::limited(api, &state, LIMITS));
         let router = http::with_middleware(routes, state, LIMITS);
         TestApp {
-            service: Scoped::new(router, shutdown),
+            service: Scoped::new(router, shutdown.watch().clone()),
             _data: data,
         }
     }

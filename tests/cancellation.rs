@@ -55,9 +55,9 @@ fn server_config(database_url: Option<&str>, data_dir: &TempDir, pool: u32) -> S
 async fn app_with_pool_of_one(
     database_url: Option<&str>,
     data: &TempDir,
-    shutdown: &Shutdown,
+    shutdown: Shutdown,
 ) -> App {
-    App::build(server_config(database_url, data, 1), shutdown.clone())
+    App::build(server_config(database_url, data, 1), shutdown)
         .await
         .expect("app")
 }
@@ -252,7 +252,8 @@ async fn a_client_leaving_a_blocked_insert_cancels_it_and_returns_the_connection
     let cluster = PgCluster::start();
     let data = TempDir::new().expect("tempdir");
     let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let app = app_with_pool_of_one(Some(&cluster.url()), &data, &shutdown).await;
+    let trigger = shutdown.trigger_handle();
+    let app = app_with_pool_of_one(Some(&cluster.url()), &data, shutdown).await;
     let addr = app.local_addr();
     let serving = tokio::spawn(app.run());
     let admin = admin_pool(&cluster).await;
@@ -294,7 +295,7 @@ async fn a_client_leaving_a_blocked_insert_cancels_it_and_returns_the_connection
     // And the pool of one still serves.
     assert_eq!(create_via_http(addr, "after").await, 201);
 
-    shutdown.trigger("test over");
+    trigger.trigger("test over");
     serving.await.expect("serve");
 }
 
@@ -324,7 +325,8 @@ async fn without_the_guard_the_same_scenario_leaves_the_bad_state_the_test_detec
     let cluster = PgCluster::start();
     let data = TempDir::new().expect("tempdir");
     let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let app = app_with_pool_of_one(Some(&cluster.url()), &data, &shutdown).await;
+    let trigger = shutdown.trigger_handle();
+    let app = app_with_pool_of_one(Some(&cluster.url()), &data, shutdown).await;
     let parts = app.into_parts();
     let addr = parts.listener.local_addr().expect("addr");
     let router = Router::new()
@@ -336,12 +338,11 @@ async fn without_the_guard_the_same_scenario_leaves_the_bad_state_the_test_detec
         shutdown_timeout: Duration::from_secs(5),
         ..ServeConfig::default()
     };
-    let serving = tokio::spawn(lifecycle::serve(
-        parts.listener,
-        router,
-        shutdown.clone(),
-        config,
-    ));
+    let shutdown = parts.shutdown;
+    let serving =
+        tokio::spawn(
+            async move { lifecycle::serve(parts.listener, router, &shutdown, config).await },
+        );
     let admin = admin_pool(&cluster).await;
     assert_eq!(create_via_http(addr, "warmup").await, 201);
 
@@ -350,7 +351,7 @@ async fn without_the_guard_the_same_scenario_leaves_the_bad_state_the_test_detec
     assert_eq!(seen.released_after, None, "{seen:?}");
     assert!(seen.idle_in_transaction, "{seen:?}");
 
-    shutdown.trigger("test over");
+    trigger.trigger("test over");
     let _ = serving.await;
 }
 
@@ -433,7 +434,7 @@ async fn storage_rows(storage: &Storage, code: &str) -> (i64, i64) {
 async fn cancel_at_every_await_point(database_url: Option<&str>, admin: Option<&PgPool>) {
     let data = TempDir::new().expect("tempdir");
     let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let app = app_with_pool_of_one(database_url, &data, &shutdown).await;
+    let app = app_with_pool_of_one(database_url, &data, shutdown).await;
     let storage = app.into_parts().storage;
 
     let never = CancellationToken::new();
@@ -502,9 +503,10 @@ async fn dropping_the_request_after_k_polls_rolls_back_and_the_next_request_succ
     let admin = admin_pool(&cluster).await;
     let data = TempDir::new().expect("tempdir");
     let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let app = app_with_pool_of_one(Some(&cluster.url()), &data, &shutdown).await;
+    let app = app_with_pool_of_one(Some(&cluster.url()), &data, shutdown).await;
     let parts = app.into_parts();
-    let service = Scoped::new(parts.router, shutdown.clone());
+    let watch = parts.shutdown.watch().clone();
+    let service = Scoped::new(parts.router, watch.clone());
     let create = |code: &str| {
         Request::post("/api/links")
             .header("content-type", "application/json")
@@ -519,7 +521,7 @@ async fn dropping_the_request_after_k_polls_rolls_back_and_the_next_request_succ
         let code = format!("drop-{k}");
         drop(poll_times(service.call(create(&code)), k).await);
         // Shutdown waits for the tracked cleanup; so does this check.
-        let tracker = shutdown.tracker();
+        let tracker = watch.tracker();
         tracker.close();
         tokio::time::timeout(Duration::from_secs(10), tracker.wait())
             .await

@@ -12,7 +12,8 @@ use hyper::body::Bytes;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use lameduck::lifecycle::{
-    serve, DrainOutcome, DrainReport, LifecycleMetrics, RequestScope, ServeConfig, Shutdown,
+    serve, DrainOutcome, DrainReport, Force, LifecycleMetrics, RequestScope, ServeConfig, Shutdown,
+    Trigger, Watch,
 };
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Notify};
@@ -31,7 +32,11 @@ struct Probe {
 
 struct Harness {
     addr: std::net::SocketAddr,
-    shutdown: Shutdown,
+    /// Starts the shutdown, as the first signal would.
+    trigger: Trigger,
+    /// Forces it, as the second signal would.
+    force: Force,
+    watch: Watch,
     serve: JoinHandle<DrainReport>,
     entered: mpsc::UnboundedReceiver<&'static str>,
     cleaned_up: mpsc::UnboundedReceiver<&'static str>,
@@ -77,10 +82,14 @@ async fn start(config: ServeConfig) -> Harness {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let serve = tokio::spawn(serve(listener, router, shutdown.clone(), config));
+    let (trigger, force) = (shutdown.trigger_handle(), shutdown.force_handle());
+    let watch = shutdown.watch().clone();
+    let serve = tokio::spawn(async move { serve(listener, router, &shutdown, config).await });
     Harness {
         addr,
-        shutdown,
+        trigger,
+        force,
+        watch,
         serve,
         entered,
         cleaned_up,
@@ -122,7 +131,7 @@ async fn inflight_request_completes_after_shutdown_and_serve_resolves_only_after
     let response = tokio::spawn(client.send_request(get_request("/hold")));
     assert_eq!(harness.entered.recv().await, Some("hold"));
 
-    harness.shutdown.trigger("test");
+    harness.trigger.trigger("test");
     // With time paused, this returns only once every task is idle: the
     // drain has started and is waiting for the held request.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -163,11 +172,14 @@ async fn the_deadline_fires_request_tokens_lets_cleanup_run_and_reports_it() {
     let response = tokio::spawn(client.send_request(get_request("/until-cancelled")));
     assert_eq!(harness.entered.recv().await, Some("until_cancelled"));
 
-    harness.shutdown.trigger("test");
+    harness.trigger.trigger("test");
     assert_eq!(harness.cleaned_up.recv().await, Some("until_cancelled"));
     let report = harness.serve.await.expect("serve");
     assert_eq!(report.outcome, DrainOutcome::DeadlineExceeded);
     assert!(report.drain >= Duration::from_secs(5), "{:?}", report.drain);
+    // The deadline abandons requests only: workers and finalizers, which
+    // watch `forced`, still run after it.
+    assert!(!harness.watch.is_forced());
     // The handler itself returned after its cleanup: it was answered.
     let response = response.await.expect("join").expect("response");
     assert_eq!(response.status(), StatusCode::OK);
@@ -198,9 +210,9 @@ async fn a_client_that_hangs_up_cancels_its_request_and_cleanup_runs() {
         cleaned.expect("token fired after hang-up"),
         Some("until_cancelled")
     );
-    assert_eq!(harness.shutdown.metrics().requests_aborted(), 1);
+    assert_eq!(harness.watch.metrics().requests_aborted(), 1);
 
-    harness.shutdown.trigger("test");
+    harness.trigger.trigger("test");
     let report = harness.serve.await.expect("serve");
     assert_eq!(report.outcome, DrainOutcome::Clean);
     assert_eq!(report.requests_aborted, 1);
@@ -220,7 +232,7 @@ async fn during_the_drain_delay_new_connections_are_served_and_told_to_close() {
     let response = idle.send_request(get_request("/ok")).await.expect("before");
     assert!(response.headers().get("connection").is_none());
 
-    harness.shutdown.trigger("test");
+    harness.trigger.trigger("test");
     let mut late = connect(harness.addr).await;
     let response = late.send_request(get_request("/ok")).await.expect("late");
     assert_eq!(response.status(), StatusCode::OK);
@@ -252,7 +264,7 @@ async fn an_idle_server_finishes_the_drain_without_waiting() {
     let mut idle = connect(harness.addr).await;
     idle.send_request(get_request("/ok")).await.expect("served");
     let started = tokio::time::Instant::now();
-    harness.shutdown.trigger("test");
+    harness.trigger.trigger("test");
     let report = harness.serve.await.expect("serve");
     assert_eq!(report.outcome, DrainOutcome::Clean);
     // Paused time only moves when something sleeps: nothing did.
@@ -273,8 +285,8 @@ async fn force_abandons_inflight_work_at_once() {
     let response = tokio::spawn(client.send_request(get_request("/hold")));
     assert_eq!(harness.entered.recv().await, Some("hold"));
 
-    harness.shutdown.trigger("first");
-    harness.shutdown.force("second");
+    harness.trigger.trigger("first");
+    harness.force.force("second");
     let report = harness.serve.await.expect("serve");
     assert_eq!(report.outcome, DrainOutcome::Forced);
     assert_eq!(report.requests_abandoned, 1);

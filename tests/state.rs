@@ -215,7 +215,7 @@ async fn spill_with_postgres_down(
         "{}",
         server.log_text()
     );
-    let files = spill::pending(data.path()).expect("list spills");
+    let files = spill::pending(&data.path().join("spill")).expect("list spills");
     assert_eq!(files.len(), 1, "one spill file");
     files
 }
@@ -251,7 +251,9 @@ async fn postgres_down_at_shutdown_spills_and_the_next_start_applies_it_exactly_
         assert_eq!(info["hits"], 30, "run {run}");
         assert_eq!(postgres_total(&cluster).await, 300, "run {run}");
         assert!(
-            spill::pending(data.path()).expect("list").is_empty(),
+            spill::pending(&data.path().join("spill"))
+                .expect("list")
+                .is_empty(),
             "spill removed"
         );
         server.signal(Signal::SIGTERM);
@@ -317,14 +319,18 @@ async fn a_crash_during_replay_still_ends_with_exact_totals() {
     lock.rollback().await.expect("unlock");
 
     assert_eq!(
-        spill::pending(data.path()).expect("list").len(),
+        spill::pending(&data.path().join("spill"))
+            .expect("list")
+            .len(),
         1,
         "spill kept"
     );
     let mut server =
         LameduckProcess::start(&["--data-dir", &data_arg, "--database-url", &url], &[]);
     assert_eq!(postgres_total(&cluster).await, 200);
-    assert!(spill::pending(data.path()).expect("list").is_empty());
+    assert!(spill::pending(&data.path().join("spill"))
+        .expect("list")
+        .is_empty());
     server.signal(Signal::SIGTERM);
     assert_eq!(exit_code(&mut server), 0);
 }

@@ -192,7 +192,11 @@ pub async fn redirect_uncounted(config: ServerConfig) -> anyhow::Result<()> {
     telemetry::init(config.log_format);
     let signals = signal::Signals::install().context("cannot install signal handlers")?;
     let shutdown = Shutdown::new(LifecycleMetrics::default());
-    tokio::spawn(signal::forward(signals, shutdown.clone()));
+    tokio::spawn(signal::forward(
+        signals,
+        shutdown.trigger_handle(),
+        shutdown.force_handle(),
+    ));
     let app = App::build(config, shutdown)
         .await
         .context("startup failed")?;

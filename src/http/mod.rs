@@ -31,7 +31,7 @@ pub use error::ApiError;
 pub use metrics::HttpMetrics;
 pub use middleware::GuardMetrics;
 
-use crate::lifecycle::Shutdown;
+use crate::lifecycle::Watch;
 use crate::links;
 use crate::links::cache::LinkCache;
 use crate::links::hits::HitCounter;
@@ -58,8 +58,9 @@ impl Startup {
 /// Everything the handlers share.
 #[derive(Clone, Debug, FromRef)]
 pub struct AppState {
-    /// The shutdown timeline (readiness turns false when it starts).
-    pub shutdown: Shutdown,
+    /// The shutdown timeline, watched only (readiness turns false when it
+    /// starts).
+    pub shutdown: Watch,
     /// Whether startup has finished.
     pub startup: Startup,
     /// Every metric, for `/metrics`.
@@ -164,7 +165,7 @@ async fn healthz() -> impl IntoResponse {
 /// Readiness: 200 once startup is complete, 503 from the instant shutdown
 /// starts, so load balancers stop sending new work.
 async fn readyz(
-    State(shutdown): State<Shutdown>,
+    State(shutdown): State<Watch>,
     State(startup): State<Startup>,
     State(storage): State<Storage>,
 ) -> impl IntoResponse {

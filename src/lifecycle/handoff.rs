@@ -25,7 +25,7 @@ use command_fds::{CommandFdExt, FdMapping};
 use tokio::net::UnixDatagram;
 use tracing::{info, warn};
 
-use super::{Shutdown, LOG_TARGET};
+use super::{Trigger, Watch, LOG_TARGET};
 
 /// How long a successor may take to report ready (startup includes
 /// migrations and spill replay) before the upgrade is abandoned.
@@ -113,19 +113,19 @@ pub async fn upgrade_on_hangup(
     mut hangups: tokio::signal::unix::Signal,
     listener: TcpListener,
     successor: Successor,
-    shutdown: Shutdown,
+    watch: Watch,
+    trigger: Trigger,
 ) {
     loop {
         tokio::select! {
             Some(()) = hangups.recv() => {}
-            () = shutdown.triggered() => return,
+            () = watch.triggered() => return,
         }
         info!(target: LOG_TARGET, exe = %successor.exe.display(), "SIGHUP: starting a new process on the same socket");
         match upgrade(&listener, &successor).await {
             Ok(pid) => {
                 info!(target: LOG_TARGET, pid, "the new process is ready; this one drains and exits");
-                shutdown
-                    .trigger_with_lame_duck(format!("upgraded to pid {pid}"), UPGRADE_LAME_DUCK);
+                trigger.trigger_with_lame_duck(format!("upgraded to pid {pid}"), UPGRADE_LAME_DUCK);
                 return;
             }
             Err(error) => {

@@ -7,7 +7,7 @@
 //!
 //! The timeline it drives, end to end:
 //!
-//! 1. **Signal** — [`Shutdown::trigger`] (called by [`signal::forward`] on
+//! 1. **Signal** — [`Trigger::trigger`] (called by [`signal::forward`] on
 //!    SIGTERM/SIGINT, or by the application). Readiness turns false at once.
 //! 2. **Lame duck** — for the drain delay the server keeps accepting and
 //!    serving, but HTTP/1 responses carry `Connection: close` and HTTP/2
@@ -22,9 +22,14 @@
 //! 6. **Finalize** — [`Workers::stop`] cancels background work, waits for
 //!    critical workers, and runs finalizers in reverse registration order,
 //!    each within its budget; the caller turns the reports into an exit code.
+//!    A passed deadline abandons requests only: this phase still runs.
 //!
-//! A second signal at any point calls [`Shutdown::force`]: everything still
-//! running is abandoned at once.
+//! A second signal at any point calls [`Force::force`]: everything still
+//! running is abandoned at once, and the force hooks registered with
+//! [`Workers::on_force`] save in-memory state synchronously before exit.
+//!
+//! Each role has its own handle: [`Shutdown`] (the owner, which drives the
+//! drain), [`Trigger`], [`Force`] and [`Watch`] (look and wait only).
 
 mod connection;
 pub mod handoff;
@@ -41,7 +46,7 @@ pub use serve::{
     serve, DrainOutcome, DrainReport, ResponseBody, ServeConfig, ACCEPT_ERROR_BACKOFF,
     FIRST_REQUEST_GRACE, GOAWAY_GRACE,
 };
-pub use shutdown::{Phase, Shutdown};
+pub use shutdown::{Force, Phase, Shutdown, Trigger, Watch};
 pub use workers::{BoxError, Outcome, StopReport, Stopped, Workers};
 
 use std::time::Duration;

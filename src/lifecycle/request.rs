@@ -18,7 +18,7 @@ use tower::ServiceExt;
 
 use super::connection::{BusyGuard, ConnState};
 use super::metrics::LifecycleMetrics;
-use super::Shutdown;
+use super::Watch;
 
 /// The cancellation scope of one request, found in its extensions.
 ///
@@ -31,7 +31,7 @@ use super::Shutdown;
 pub struct RequestScope {
     token: CancellationToken,
     tracker: TaskTracker,
-    shutdown: Option<Shutdown>,
+    shutdown: Option<Watch>,
 }
 
 impl RequestScope {
@@ -136,13 +136,13 @@ impl Drop for InFlightGuard {
 #[derive(Clone, Debug)]
 pub struct Scoped<S> {
     inner: S,
-    shutdown: Shutdown,
+    shutdown: Watch,
     conn: Option<Arc<ConnState>>,
 }
 
 impl<S> Scoped<S> {
     /// Wraps `inner`; requests are scoped by `shutdown`'s timeline.
-    pub fn new(inner: S, shutdown: Shutdown) -> Scoped<S> {
+    pub fn new(inner: S, shutdown: Watch) -> Scoped<S> {
         Scoped {
             inner,
             shutdown,
@@ -150,7 +150,7 @@ impl<S> Scoped<S> {
         }
     }
 
-    pub(crate) fn for_connection(inner: S, shutdown: Shutdown, conn: Arc<ConnState>) -> Scoped<S> {
+    pub(crate) fn for_connection(inner: S, shutdown: Watch, conn: Arc<ConnState>) -> Scoped<S> {
         Scoped {
             inner,
             shutdown,

@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 use super::connection::{ConnState, ObservedStream};
 use super::metrics::ClosedBy;
 use super::request::Scoped;
-use super::{Phase, Shutdown, DEADLINE_CLEANUP_GRACE, LOG_TARGET};
+use super::{Phase, Shutdown, Watch, DEADLINE_CLEANUP_GRACE, LOG_TARGET};
 
 /// How long the accept loop pauses after an error that is not about one
 /// connection (for example EMFILE, too many open files), so that it does not
@@ -145,11 +145,16 @@ impl<B> ResponseBody for B where
 ///
 /// It never binds or installs signal handlers: the caller passes an already
 /// bound listener (port 0 in tests, an inherited socket in production) and
-/// triggers `shutdown` from wherever it likes.
+/// triggers the shutdown from wherever it likes, through a
+/// [`Trigger`](super::Trigger) or [`Force`](super::Force) handle.
+///
+/// The deadline abandons requests only: it never counts as a forced
+/// shutdown, so the workers and finalizers that run after `serve` still do
+/// their work.
 pub async fn serve<S, B>(
     listener: TcpListener,
     service: S,
-    shutdown: Shutdown,
+    owner: &Shutdown,
     config: ServeConfig,
 ) -> DrainReport
 where
@@ -159,6 +164,7 @@ where
         + 'static,
     B: ResponseBody + Unpin,
 {
+    let shutdown = owner.watch();
     let connections = Connections {
         builder: connection_builder(shutdown.tracker().clone(), &config),
         service,
@@ -207,13 +213,13 @@ where
     info!(
         target: LOG_TARGET,
         backlog_accepted,
-        connections = connections_open(&shutdown),
+        connections = connections_open(shutdown),
         requests_in_flight = metrics.requests_in_flight.get(),
         "listener closed; draining"
     );
 
     // Phase 4: every connection is told to close once idle.
-    shutdown.start_draining();
+    owner.start_draining();
     let tracker = shutdown.tracker();
     tracker.close();
     let outcome = tokio::select! {
@@ -225,11 +231,11 @@ where
             warn!(
                 target: LOG_TARGET,
                 requests_in_flight = metrics.requests_in_flight.get(),
-                connections = connections_open(&shutdown),
+                connections = connections_open(shutdown),
                 grace = ?DEADLINE_CLEANUP_GRACE,
                 "shutdown timeout passed: cancelling in-flight requests"
             );
-            shutdown.cancel_requests();
+            owner.cancel_requests();
             tokio::select! {
                 () = tracker.wait() => {}
                 () = tokio::time::sleep(DEADLINE_CLEANUP_GRACE) => {}
@@ -241,7 +247,7 @@ where
     let drain = draining.elapsed();
 
     if outcome != DrainOutcome::Clean {
-        shutdown.abandon();
+        owner.abandon_requests();
     }
     let abandoned = shutdown.abandoned_work().unwrap_or_default();
     if outcome != DrainOutcome::Clean {
@@ -253,7 +259,7 @@ where
         );
     }
     metrics.drain_seconds.set(drain.as_secs_f64());
-    shutdown.set_phase(Phase::Finalizing);
+    owner.set_phase(Phase::Finalizing);
     info!(target: LOG_TARGET, ?outcome, ?drain, "drain finished");
 
     DrainReport {
@@ -271,7 +277,7 @@ where
     }
 }
 
-fn connections_open(shutdown: &Shutdown) -> i64 {
+fn connections_open(shutdown: &Watch) -> i64 {
     shutdown.metrics().connections_open_total()
 }
 
@@ -392,7 +398,7 @@ where
 struct Connections<S> {
     builder: auto::Builder<TrackedExecutor>,
     service: S,
-    shutdown: Shutdown,
+    shutdown: Watch,
     /// One permit per open connection.
     limit: Arc<Semaphore>,
     idle_timeout: Duration,

@@ -1,5 +1,17 @@
-//! The shutdown handle: one cheap, cloneable value that every part of the
-//! process watches to learn where the shutdown timeline stands.
+//! The shutdown timeline and the handles on it, one type per role.
+//!
+//! - [`Shutdown`] owns the timeline. The server loop drives it with it:
+//!   start the drain, fire request tokens at the deadline, abandon what is
+//!   left. It is not `Clone`: there is one owner.
+//! - [`Trigger`] starts the shutdown (the first signal, an upgrade that
+//!   handed over, a failing critical worker).
+//! - [`Force`] forces it (the second signal): everything still running is
+//!   abandoned at once and state is saved without a round trip.
+//! - [`Watch`] can only look and wait: readiness, request scopes, workers.
+//!
+//! "The deadline passed" and "a second signal arrived" are two different
+//! events on two different tokens: the first abandons requests and nothing
+//! else, the second abandons everything.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -62,17 +74,8 @@ pub(crate) struct Abandoned {
     pub(crate) connections: i64,
 }
 
-/// A handle on the shutdown timeline, shared by the signal handler, the
-/// accept loop, every connection, every request and the application.
-///
-/// Cloning is cheap; all clones observe the same timeline.
-#[derive(Clone, Debug, Default)]
-pub struct Shutdown {
-    inner: Arc<Inner>,
-}
-
 #[derive(Debug, Default)]
-struct Inner {
+struct Timeline {
     /// Cancelled by the first trigger: readiness turns false and the lame
     /// duck period begins. Never un-cancelled.
     triggered: CancellationToken,
@@ -82,15 +85,19 @@ struct Inner {
     /// Parent of every request's cancellation token: cancelled at the
     /// shutdown deadline or when shutdown is forced, so handlers clean up.
     requests: CancellationToken,
-    /// Cancelled when whatever is still running must be dropped: after the
-    /// deadline's cleanup grace, or at once on a forced shutdown.
+    /// Cancelled when the connections still open must be dropped: after the
+    /// deadline's cleanup grace, or at once on a forced shutdown. Requests
+    /// only: workers and finalizers never watch it.
     abandon: CancellationToken,
-    /// Set once, by the first call to `force`.
-    forced: OnceLock<String>,
+    /// Cancelled by [`Force::force`] alone (a second signal): workers and
+    /// finalizers are abandoned and state is saved at once.
+    forced: CancellationToken,
+    /// Why shutdown was forced; set once, by the first call to `force`.
+    force_reason: OnceLock<String>,
     /// What was still running when the process gave up on it; taken just
     /// before `abandon` is cancelled, since the count drops right after.
     abandoned: OnceLock<Abandoned>,
-    /// Why shutdown started; set once, by the first call to `trigger`.
+    /// Why shutdown started; set once, by the first trigger.
     reason: OnceLock<String>,
     /// The shortest lame-duck period this shutdown asks for, whatever the
     /// configured drain delay (an in-place upgrade asks for one).
@@ -102,56 +109,163 @@ struct Inner {
     metrics: LifecycleMetrics,
 }
 
+// === impl Shutdown ===
+
+/// The owner of the shutdown timeline: the one who drives the drain.
+///
+/// It hands out the role handles ([`Shutdown::watch`],
+/// [`Shutdown::trigger_handle`], [`Shutdown::force_handle`]) and keeps to
+/// itself what only the server loop may do: start the drain, cancel the
+/// requests at the deadline, abandon the connections left.
+#[derive(Debug)]
+pub struct Shutdown {
+    watch: Watch,
+}
+
 impl Shutdown {
     /// A fresh timeline in the `Running` phase, recording into `metrics`.
     pub fn new(metrics: LifecycleMetrics) -> Shutdown {
-        let shutdown = Shutdown {
-            inner: Arc::new(Inner {
-                metrics,
-                ..Inner::default()
-            }),
-        };
-        shutdown.inner.metrics.set_phase(Phase::Running);
-        shutdown
+        metrics.set_phase(Phase::Running);
+        Shutdown {
+            watch: Watch {
+                timeline: Arc::new(Timeline {
+                    metrics,
+                    ..Timeline::default()
+                }),
+            },
+        }
     }
 
-    /// Starts the shutdown timeline. Only the first call counts; it returns
-    /// `true` for that call.
+    /// A handle that can only watch the timeline.
+    pub fn watch(&self) -> &Watch {
+        &self.watch
+    }
+
+    /// A handle that can start the shutdown.
+    pub fn trigger_handle(&self) -> Trigger {
+        Trigger {
+            timeline: Arc::clone(&self.watch.timeline),
+        }
+    }
+
+    /// A handle that can force the shutdown: give it to whatever turns a
+    /// second signal into an immediate exit, and to nothing else.
+    pub fn force_handle(&self) -> Force {
+        Force {
+            timeline: Arc::clone(&self.watch.timeline),
+        }
+    }
+
+    /// Moves the timeline forward to `phase`; it never moves back.
+    pub fn set_phase(&self, phase: Phase) {
+        self.watch.set_phase(phase);
+    }
+
+    pub(crate) fn start_draining(&self) {
+        self.set_phase(Phase::Draining);
+        self.watch.timeline.draining.cancel();
+    }
+
+    /// Fires every request's token: the deadline has passed. Workers and
+    /// finalizers are not affected.
+    pub(crate) fn cancel_requests(&self) {
+        self.watch.timeline.requests.cancel();
+    }
+
+    /// Drops every remaining connection, and remembers how much work that
+    /// was. Does not force the shutdown: workers and finalizers still run.
+    pub(crate) fn abandon_requests(&self) {
+        abandon(&self.watch.timeline);
+    }
+}
+
+fn abandon(timeline: &Timeline) {
+    let metrics = &timeline.metrics;
+    let _ = timeline.abandoned.set(Abandoned {
+        requests: metrics.requests_in_flight(),
+        connections: metrics.open_connections(),
+    });
+    timeline.abandon.cancel();
+}
+
+fn trigger(timeline: &Timeline, reason: String, lame_duck: Duration) -> bool {
+    let _ = timeline.min_lame_duck.set(lame_duck);
+    if timeline.reason.set(reason.clone()).is_err() {
+        return false;
+    }
+    tracing::info!(target: LOG_TARGET, %reason, "shutdown started: readiness is now false");
+    let previous = timeline
+        .phase
+        .fetch_max(Phase::LameDuck as u8, Ordering::AcqRel);
+    if previous < Phase::LameDuck as u8 {
+        timeline.metrics.set_phase(Phase::LameDuck);
+    }
+    timeline.triggered.cancel();
+    true
+}
+
+// === impl Trigger ===
+
+/// Starts the shutdown timeline; cannot force it.
+#[derive(Clone, Debug)]
+pub struct Trigger {
+    timeline: Arc<Timeline>,
+}
+
+impl Trigger {
+    /// Starts the shutdown timeline. Only the first trigger counts; it
+    /// returns `true` for that call.
     pub fn trigger(&self, reason: impl Into<String>) -> bool {
-        self.trigger_with_lame_duck(reason, Duration::ZERO)
+        trigger(&self.timeline, reason.into(), Duration::ZERO)
     }
 
-    /// Like [`Shutdown::trigger`], with a lame-duck period of at least
+    /// Like [`Trigger::trigger`], with a lame-duck period of at least
     /// `lame_duck` even if the configured drain delay is shorter: keep-alive
     /// clients then get `Connection: close` (or GOAWAY) on their next request
     /// and move to a new connection before idle ones are closed.
     pub fn trigger_with_lame_duck(&self, reason: impl Into<String>, lame_duck: Duration) -> bool {
-        let reason = reason.into();
-        let _ = self.inner.min_lame_duck.set(lame_duck);
-        if self.inner.reason.set(reason.clone()).is_err() {
-            return false;
-        }
-        tracing::info!(target: LOG_TARGET, %reason, "shutdown started: readiness is now false");
-        self.set_phase(Phase::LameDuck);
-        self.inner.triggered.cancel();
-        true
+        trigger(&self.timeline, reason.into(), lame_duck)
     }
+}
 
-    /// Abandons everything still running: request tokens fire and every
-    /// connection is dropped. Implies [`Shutdown::trigger`].
+// === impl Force ===
+
+/// Forces the shutdown: what a second signal does.
+#[derive(Clone, Debug)]
+pub struct Force {
+    timeline: Arc<Timeline>,
+}
+
+impl Force {
+    /// Abandons everything still running: request tokens fire, every
+    /// connection is dropped, workers and finalizers are abandoned and the
+    /// force hooks save state. Implies a trigger.
     pub fn force(&self, reason: impl Into<String>) {
+        let timeline = &*self.timeline;
         let reason = reason.into();
-        self.trigger(reason.clone());
-        if self.inner.forced.set(reason.clone()).is_ok() {
+        trigger(timeline, reason.clone(), Duration::ZERO);
+        if timeline.force_reason.set(reason.clone()).is_ok() {
             tracing::warn!(target: LOG_TARGET, %reason, "shutdown forced: abandoning all remaining work");
         }
-        self.inner.requests.cancel();
-        self.abandon();
+        timeline.requests.cancel();
+        abandon(timeline);
+        timeline.forced.cancel();
     }
+}
 
+// === impl Watch ===
+
+/// Watches the shutdown timeline: it can look and wait, never trigger,
+/// force or abandon. Cloning is cheap; all clones see the same timeline.
+#[derive(Clone, Debug)]
+pub struct Watch {
+    timeline: Arc<Timeline>,
+}
+
+impl Watch {
     /// `true` once shutdown has started; readiness is the negation of this.
     pub fn is_triggered(&self) -> bool {
-        self.inner.triggered.is_cancelled()
+        self.timeline.triggered.is_cancelled()
     }
 
     /// Resolves once shutdown has started.
@@ -159,62 +273,7 @@ impl Shutdown {
     /// # Cancel safety
     /// Cancel safe: dropping and re-creating the future loses nothing.
     pub fn triggered(&self) -> WaitForCancellationFuture<'_> {
-        self.inner.triggered.cancelled()
-    }
-
-    /// `true` once shutdown has been forced by [`Shutdown::force`].
-    pub fn is_forced(&self) -> bool {
-        self.inner.forced.get().is_some()
-    }
-
-    /// Resolves once shutdown has been forced.
-    pub fn forced(&self) -> WaitForCancellationFuture<'_> {
-        self.inner.abandon.cancelled()
-    }
-
-    /// Why shutdown started, if it has.
-    pub fn reason(&self) -> Option<&str> {
-        self.inner.reason.get().map(String::as_str)
-    }
-
-    /// The shortest lame-duck period the trigger asked for.
-    pub fn min_lame_duck(&self) -> Duration {
-        self.inner.min_lame_duck.get().copied().unwrap_or_default()
-    }
-
-    /// The current phase.
-    pub fn phase(&self) -> Phase {
-        Phase::from_u8(self.inner.phase.load(Ordering::Acquire))
-    }
-
-    /// Moves the timeline forward to `phase`; it never moves back.
-    pub fn set_phase(&self, phase: Phase) {
-        let previous = self.inner.phase.fetch_max(phase as u8, Ordering::AcqRel);
-        if previous < phase as u8 {
-            self.inner.metrics.set_phase(phase);
-        }
-    }
-
-    /// The tracker that the drain waits on. Work spawned on it delays the
-    /// drain until it finishes (or the deadline abandons it).
-    pub fn tracker(&self) -> &TaskTracker {
-        &self.inner.tracker
-    }
-
-    /// The lifecycle's metrics.
-    pub fn metrics(&self) -> &LifecycleMetrics {
-        &self.inner.metrics
-    }
-
-    /// A new cancellation token for one request: it fires at the shutdown
-    /// deadline, on a forced shutdown, or when cancelled by its own guard.
-    pub(crate) fn request_token(&self) -> CancellationToken {
-        self.inner.requests.child_token()
-    }
-
-    pub(crate) fn start_draining(&self) {
-        self.set_phase(Phase::Draining);
-        self.inner.draining.cancel();
+        self.timeline.triggered.cancelled()
     }
 
     /// Resolves when the drain starts (the listener has closed). Long-lived
@@ -224,32 +283,81 @@ impl Shutdown {
     /// # Cancel safety
     /// Cancel safe.
     pub fn draining(&self) -> WaitForCancellationFuture<'_> {
-        self.inner.draining.cancelled()
+        self.timeline.draining.cancelled()
     }
 
-    /// Fires every request's token: the deadline has passed.
-    pub(crate) fn cancel_requests(&self) {
-        self.inner.requests.cancel();
+    /// `true` once shutdown has been forced (a second signal). A passed
+    /// deadline is not a forced shutdown.
+    pub fn is_forced(&self) -> bool {
+        self.timeline.forced.is_cancelled()
     }
 
-    /// Drops every remaining connection, without marking the shutdown
-    /// forced, and remembers how much work that was.
-    pub(crate) fn abandon(&self) {
-        let metrics = &self.inner.metrics;
-        let _ = self.inner.abandoned.set(Abandoned {
-            requests: metrics.requests_in_flight(),
-            connections: metrics.open_connections(),
-        });
-        self.inner.abandon.cancel();
+    /// Resolves once shutdown has been forced (a second signal); never on
+    /// a passed deadline.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub fn forced(&self) -> WaitForCancellationFuture<'_> {
+        self.timeline.forced.cancelled()
+    }
+
+    /// Why shutdown started, if it has.
+    pub fn reason(&self) -> Option<&str> {
+        self.timeline.reason.get().map(String::as_str)
+    }
+
+    /// Why shutdown was forced, if it was.
+    pub fn force_reason(&self) -> Option<&str> {
+        self.timeline.force_reason.get().map(String::as_str)
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        Phase::from_u8(self.timeline.phase.load(Ordering::Acquire))
+    }
+
+    /// The tracker that the drain waits on. Work spawned on it delays the
+    /// drain until it finishes (or the deadline abandons it).
+    pub fn tracker(&self) -> &TaskTracker {
+        &self.timeline.tracker
+    }
+
+    /// The lifecycle's metrics.
+    pub fn metrics(&self) -> &LifecycleMetrics {
+        &self.timeline.metrics
+    }
+
+    /// The shortest lame-duck period the trigger asked for.
+    pub(crate) fn min_lame_duck(&self) -> Duration {
+        self.timeline
+            .min_lame_duck
+            .get()
+            .copied()
+            .unwrap_or_default()
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        let previous = self.timeline.phase.fetch_max(phase as u8, Ordering::AcqRel);
+        if previous < phase as u8 {
+            self.timeline.metrics.set_phase(phase);
+        }
+    }
+
+    /// A new cancellation token for one request: it fires at the shutdown
+    /// deadline, on a forced shutdown, or when cancelled by its own guard.
+    pub(crate) fn request_token(&self) -> CancellationToken {
+        self.timeline.requests.child_token()
     }
 
     /// What was abandoned, if anything was.
     pub(crate) fn abandoned_work(&self) -> Option<Abandoned> {
-        self.inner.abandoned.get().copied()
+        self.timeline.abandoned.get().copied()
     }
 
+    /// Resolves when the connections still open must be dropped (after the
+    /// deadline's grace, or on a forced shutdown).
     pub(crate) fn abandoned(&self) -> WaitForCancellationFuture<'_> {
-        self.inner.abandon.cancelled()
+        self.timeline.abandon.cancelled()
     }
 }
 
@@ -260,24 +368,45 @@ mod tests {
     #[test]
     fn only_the_first_trigger_counts_and_phases_never_move_back() {
         let shutdown = Shutdown::new(LifecycleMetrics::default());
-        assert_eq!(shutdown.phase(), Phase::Running);
-        assert!(shutdown.trigger("SIGTERM"));
-        assert!(!shutdown.trigger("SIGINT"));
-        assert_eq!(shutdown.reason(), Some("SIGTERM"));
-        assert_eq!(shutdown.phase(), Phase::LameDuck);
+        let trigger = shutdown.trigger_handle();
+        let watch = shutdown.watch();
+        assert_eq!(watch.phase(), Phase::Running);
+        assert!(trigger.trigger("SIGTERM"));
+        assert!(!trigger.trigger("SIGINT"));
+        assert_eq!(watch.reason(), Some("SIGTERM"));
+        assert_eq!(watch.phase(), Phase::LameDuck);
         shutdown.set_phase(Phase::Finalizing);
         shutdown.set_phase(Phase::Draining);
-        assert_eq!(shutdown.phase(), Phase::Finalizing);
+        assert_eq!(watch.phase(), Phase::Finalizing);
     }
 
     #[test]
     fn force_implies_trigger_and_fires_request_tokens() {
         let shutdown = Shutdown::new(LifecycleMetrics::default());
-        let token = shutdown.request_token();
-        shutdown.force("second SIGTERM");
-        assert!(shutdown.is_triggered());
-        assert!(shutdown.is_forced());
+        let token = shutdown.watch().request_token();
+        shutdown.force_handle().force("second SIGTERM");
+        let watch = shutdown.watch();
+        assert!(watch.is_triggered());
+        assert!(watch.is_forced());
         assert!(token.is_cancelled());
-        assert_eq!(shutdown.reason(), Some("second SIGTERM"));
+        assert_eq!(watch.reason(), Some("second SIGTERM"));
+        assert_eq!(watch.force_reason(), Some("second SIGTERM"));
+    }
+
+    // The bug this split fixes: the deadline used to cancel the token that
+    // `forced()` returned, so workers took a passed deadline for a second
+    // signal and skipped the final flush.
+    #[test]
+    fn the_deadline_abandons_requests_but_is_not_a_forced_shutdown() {
+        let shutdown = Shutdown::new(LifecycleMetrics::default());
+        let token = shutdown.watch().request_token();
+        shutdown.trigger_handle().trigger("SIGTERM");
+        shutdown.cancel_requests();
+        shutdown.abandon_requests();
+        let watch = shutdown.watch();
+        assert!(token.is_cancelled());
+        assert!(watch.abandoned_work().is_some());
+        assert!(!watch.is_forced());
+        assert!(!watch.timeline.forced.is_cancelled());
     }
 }

@@ -6,7 +6,7 @@ use std::io;
 
 use tokio::signal::unix::{signal, SignalKind};
 
-use super::Shutdown;
+use super::{Force, Trigger};
 
 /// A signal that asks the process to stop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,11 +60,12 @@ impl Signals {
     }
 }
 
-/// Forwards signals to `shutdown`: the first one triggers it, the next one
-/// forces it. Returns after forcing.
-pub async fn forward(mut signals: Signals, shutdown: Shutdown) {
+/// Forwards signals to the timeline: the first one triggers the shutdown,
+/// the next one — a repeated SIGTERM (what `docker stop` and the kubelet
+/// send) or a SIGINT — forces it. Returns after forcing.
+pub async fn forward(mut signals: Signals, trigger: Trigger, force: Force) {
     let first = signals.recv().await;
-    shutdown.trigger(first.to_string());
+    trigger.trigger(first.to_string());
     let second = signals.recv().await;
-    shutdown.force(format!("second signal ({second})"));
+    force.force(format!("second signal ({second})"));
 }

@@ -1,6 +1,11 @@
 //! Background workers and finalizers, stopped in a defined order after the
 //! request drain: notify every worker, wait for the critical ones, then run
 //! the finalizers in reverse registration order, each within its budget.
+//!
+//! Only a forced shutdown (a second signal) cuts this short; a passed drain
+//! deadline does not. When it is forced, whatever has not finished is
+//! abandoned and the force hooks run synchronously instead: the last chance
+//! to save in-memory state before the process exits.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -12,7 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::{Shutdown, LOG_TARGET};
+use super::{Shutdown, Trigger, Watch, LOG_TARGET};
 
 /// The error a worker or finalizer returns.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -33,6 +38,9 @@ pub enum Outcome {
     /// It was not run: shutdown was forced first.
     Skipped,
 }
+
+/// What a force hook runs: synchronous, no I/O round trips, bounded.
+type ForceHook = Box<dyn FnOnce() -> Result<(), BoxError> + Send>;
 
 impl Outcome {
     /// `true` for `Done`.
@@ -56,7 +64,7 @@ impl Outcome {
 pub struct Stopped {
     /// The registered name.
     pub name: &'static str,
-    /// `"worker"` or `"finalizer"`.
+    /// `"worker"`, `"finalizer"` or `"force hook"`.
     pub kind: &'static str,
     /// How it ended.
     pub outcome: Outcome,
@@ -67,8 +75,11 @@ pub struct Stopped {
 /// What stopping the workers and running the finalizers did.
 #[derive(Clone, Debug, Default)]
 pub struct StopReport {
-    /// Critical workers first, then finalizers in the order they ran.
+    /// Critical workers first, then finalizers in the order they ran, then
+    /// the force hooks if the shutdown was forced.
     pub stopped: Vec<Stopped>,
+    /// A second signal forced the shutdown before everything had finished.
+    pub forced: bool,
 }
 
 impl StopReport {
@@ -80,10 +91,16 @@ impl StopReport {
         })
     }
 
-    /// `true` if a finalizer failed, panicked or overran its budget.
+    /// `true` if a finalizer failed, panicked or overran its budget, or a
+    /// force hook failed. A finalizer cut short by a forced shutdown does
+    /// not count: the force hooks run in its place.
     pub fn finalizer_failed(&self) -> bool {
-        self.stopped.iter().any(|s| {
-            s.kind == "finalizer" && !matches!(s.outcome, Outcome::Done | Outcome::Skipped)
+        self.stopped.iter().any(|s| match s.kind {
+            "finalizer" if self.forced => {
+                matches!(s.outcome, Outcome::Failed(_) | Outcome::Panicked(_))
+            }
+            "finalizer" | "force hook" => !matches!(s.outcome, Outcome::Done | Outcome::Skipped),
+            _ => false,
         })
     }
 
@@ -125,12 +142,19 @@ struct Finalizer {
 ///   never waited for.
 /// - A *finalizer* runs once, after the drain and after the workers have
 ///   stopped, in reverse registration order, within its own budget.
+/// - A *force hook* runs only when the shutdown is forced, synchronously,
+///   after the workers and finalizers were abandoned: it saves what they
+///   would have saved, without a round trip (a spill to local disk).
 pub struct Workers {
-    shutdown: Shutdown,
+    /// Only looks: workers are never the ones to force or abandon.
+    watch: Watch,
+    /// A failing critical worker starts the shutdown through this.
+    trigger: Trigger,
     critical_token: CancellationToken,
     background_token: CancellationToken,
     critical: Vec<CriticalWorker>,
     finalizers: Vec<Finalizer>,
+    force_hooks: Vec<(&'static str, ForceHook)>,
 }
 
 impl std::fmt::Debug for Workers {
@@ -150,26 +174,29 @@ impl std::fmt::Debug for Workers {
 
 impl Workers {
     /// An empty registry on `shutdown`'s timeline.
-    pub fn new(shutdown: Shutdown) -> Workers {
+    pub fn new(shutdown: &Shutdown) -> Workers {
         let background_token = CancellationToken::new();
+        let watch = shutdown.watch().clone();
         // Background work is cut as soon as the drain begins.
         tokio::spawn({
-            let shutdown = shutdown.clone();
+            let watch = watch.clone();
             let token = background_token.clone();
             async move {
                 tokio::select! {
-                    () = shutdown.draining() => {}
-                    () = shutdown.forced() => {}
+                    () = watch.draining() => {}
+                    () = watch.forced() => {}
                 }
                 token.cancel();
             }
         });
         Workers {
-            shutdown,
+            watch,
+            trigger: shutdown.trigger_handle(),
             critical_token: CancellationToken::new(),
             background_token,
             critical: Vec::new(),
             finalizers: Vec::new(),
+            force_hooks: Vec::new(),
         }
     }
 
@@ -182,12 +209,12 @@ impl Workers {
         Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
     {
         let work = work(self.critical_token.child_token());
-        let shutdown = self.shutdown.clone();
+        let trigger = self.trigger.clone();
         let handle = tokio::spawn(async move {
             let outcome = run_caught(work).await;
             if !outcome.is_done() {
                 error!(target: LOG_TARGET, worker = name, ?outcome, "critical worker failed; shutting down");
-                shutdown.trigger(format!("critical worker {name} failed"));
+                trigger.trigger(format!("critical worker {name} failed"));
             }
             outcome
         });
@@ -229,6 +256,18 @@ impl Workers {
         });
     }
 
+    /// Registers a force hook: run only if the shutdown is forced, after
+    /// the workers and finalizers were abandoned, last registered first. It
+    /// must be synchronous and quick (no network, no database): the process
+    /// exits right after it. A hook that fails is reported as a failed
+    /// finalizer.
+    pub fn on_force<F>(&mut self, name: &'static str, hook: F)
+    where
+        F: FnOnce() -> Result<(), BoxError> + Send + 'static,
+    {
+        self.force_hooks.push((name, Box::new(hook)));
+    }
+
     /// The longest [`Workers::stop`] can take: the slowest critical worker's
     /// budget plus every finalizer's.
     pub fn budget(&self) -> Duration {
@@ -244,9 +283,11 @@ impl Workers {
     /// Stops everything, in order: background workers are already cancelled;
     /// critical workers are cancelled and waited for (each up to its budget);
     /// then finalizers run in reverse registration order. A forced shutdown
-    /// skips whatever has not started.
+    /// abandons whatever is running, skips whatever has not started, and
+    /// runs the force hooks.
     pub async fn stop(self) -> StopReport {
         let mut report = StopReport::default();
+        let watch = &self.watch;
         self.background_token.cancel();
         self.critical_token.cancel();
 
@@ -263,7 +304,7 @@ impl Workers {
                         Outcome::Abandoned
                     }
                 },
-                () = self.shutdown.forced() => {
+                () = watch.forced() => {
                     handle.abort();
                     Outcome::Abandoned
                 }
@@ -278,7 +319,7 @@ impl Workers {
 
         for finalizer in self.finalizers.into_iter().rev() {
             let started = Instant::now();
-            let outcome = if self.shutdown.is_forced() {
+            let outcome = if watch.is_forced() {
                 Outcome::Skipped
             } else {
                 let run = run_caught((finalizer.run)());
@@ -287,7 +328,7 @@ impl Workers {
                         warn!(target: LOG_TARGET, finalizer = finalizer.name, budget = ?finalizer.budget, "finalizer overran its budget; abandoned");
                         Outcome::Abandoned
                     }),
-                    () = self.shutdown.forced() => Outcome::Abandoned,
+                    () = watch.forced() => Outcome::Abandoned,
                 }
             };
             if let Outcome::Failed(error) | Outcome::Panicked(error) = &outcome {
@@ -301,7 +342,34 @@ impl Workers {
                 took: started.elapsed(),
             });
         }
+
+        report.forced = watch.is_forced();
+        if report.forced {
+            run_force_hooks(self.force_hooks, &mut report);
+        }
         report
+    }
+}
+
+/// Runs the force hooks, last registered first, each caught.
+fn run_force_hooks(hooks: Vec<(&'static str, ForceHook)>, report: &mut StopReport) {
+    for (name, hook) in hooks.into_iter().rev() {
+        let started = Instant::now();
+        let outcome = match std::panic::catch_unwind(AssertUnwindSafe(hook)) {
+            Ok(Ok(())) => Outcome::Done,
+            Ok(Err(error)) => Outcome::Failed(error.to_string()),
+            Err(panic) => Outcome::Panicked(super::panic_message(&*panic)),
+        };
+        if let Outcome::Failed(error) | Outcome::Panicked(error) = &outcome {
+            error!(target: LOG_TARGET, hook = name, %error, "force hook failed");
+        }
+        info!(target: LOG_TARGET, hook = name, outcome = outcome.label(), took = ?started.elapsed(), "force hook finished");
+        report.stopped.push(Stopped {
+            name,
+            kind: "force hook",
+            outcome,
+            took: started.elapsed(),
+        });
     }
 }
 
@@ -330,7 +398,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn finalizers_run_in_reverse_registration_order() {
-        let mut workers = Workers::new(shutdown());
+        let mut workers = Workers::new(&shutdown());
         let order = Arc::new(Mutex::new(Vec::new()));
         for name in ["first", "second", "third"] {
             let order = Arc::clone(&order);
@@ -346,7 +414,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_overrunning_finalizer_is_abandoned_at_its_budget_and_the_rest_still_run() {
-        let mut workers = Workers::new(shutdown());
+        let mut workers = Workers::new(&shutdown());
         let ran = Arc::new(Mutex::new(false));
         {
             let ran = Arc::clone(&ran);
@@ -371,12 +439,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failing_critical_worker_triggers_shutdown_and_is_reported() {
         let shutdown = shutdown();
-        let mut workers = Workers::new(shutdown.clone());
+        let mut workers = Workers::new(&shutdown);
         workers.spawn_critical("doomed", Duration::from_secs(1), |_token| async {
             Err::<(), BoxError>("disk on fire".into())
         });
-        shutdown.triggered().await;
-        assert_eq!(shutdown.reason(), Some("critical worker doomed failed"));
+        shutdown.watch().triggered().await;
+        assert_eq!(
+            shutdown.watch().reason(),
+            Some("critical worker doomed failed")
+        );
         let report = workers.stop().await;
         assert!(report.worker_failed());
         assert_eq!(
@@ -388,11 +459,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_panicking_critical_worker_is_caught_and_triggers_shutdown() {
         let shutdown = shutdown();
-        let mut workers = Workers::new(shutdown.clone());
+        let mut workers = Workers::new(&shutdown);
         workers.spawn_critical("panicky", Duration::from_secs(1), |_token| async {
             panic!("boom");
         });
-        shutdown.triggered().await;
+        shutdown.watch().triggered().await;
         let report = workers.stop().await;
         assert_eq!(
             report.stopped[0].outcome,
@@ -403,7 +474,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn critical_workers_are_waited_for_and_background_workers_are_not() {
         let shutdown = shutdown();
-        let mut workers = Workers::new(shutdown.clone());
+        let mut workers = Workers::new(&shutdown);
         let cleaned = Arc::new(Mutex::new(false));
         {
             let cleaned = Arc::clone(&cleaned);
@@ -420,12 +491,95 @@ mod tests {
         }
         // Ignores its token entirely: must not hold shutdown.
         workers.spawn_background("careless", |_token| std::future::pending());
-        shutdown.trigger("test");
+        shutdown.trigger_handle().trigger("test");
         shutdown.start_draining();
         let started = Instant::now();
         let report = workers.stop().await;
         assert_eq!(started.elapsed(), Duration::from_secs(3));
         assert!(*cleaned.lock().expect("lock"));
         assert_eq!(report.stopped.len(), 1);
+    }
+
+    // Gap: the deadline used to share the token of a forced shutdown, so
+    // the final flush was skipped whenever a stalled request held the drain.
+    #[tokio::test(start_paused = true)]
+    async fn a_passed_deadline_still_stops_workers_and_runs_every_finalizer() {
+        let shutdown = shutdown();
+        let mut workers = Workers::new(&shutdown);
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        for name in ["pool", "flush"] {
+            let ran = Arc::clone(&ran);
+            workers.on_shutdown(name, Duration::from_secs(1), move || async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                ran.lock().expect("lock").push(name);
+                Ok(())
+            });
+        }
+        workers.on_force("spill", || panic!("not forced: no force hook runs"));
+        shutdown.trigger_handle().trigger("SIGTERM");
+        shutdown.start_draining();
+        shutdown.cancel_requests();
+        shutdown.abandon_requests();
+        let report = workers.stop().await;
+        assert_eq!(*ran.lock().expect("lock"), ["flush", "pool"]);
+        assert!(!report.forced);
+        assert!(!report.finalizer_failed());
+        assert!(report.stopped.iter().all(|s| s.outcome.is_done()));
+    }
+
+    // A second signal during a finalizer abandons it, skips the rest and
+    // runs the force hooks (last registered first) before `stop` returns.
+    #[tokio::test(start_paused = true)]
+    async fn a_forced_shutdown_abandons_the_running_finalizer_and_runs_the_force_hooks() {
+        let shutdown = shutdown();
+        let mut workers = Workers::new(&shutdown);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        workers.on_shutdown("never reached", Duration::from_secs(5), || async {
+            panic!("skipped after a forced shutdown")
+        });
+        let (entered, started) = tokio::sync::oneshot::channel();
+        workers.on_shutdown("slow flush", Duration::from_secs(5), move || async move {
+            let _ = entered.send(());
+            std::future::pending().await
+        });
+        for name in ["first", "second"] {
+            let order = Arc::clone(&order);
+            workers.on_force(name, move || {
+                order.lock().expect("lock").push(name);
+                Ok(())
+            });
+        }
+        let force = shutdown.force_handle();
+        let stopping = tokio::spawn(workers.stop());
+        started.await.expect("the slow finalizer started");
+        force.force("second signal (SIGTERM)");
+        let report = stopping.await.expect("stop");
+        assert!(report.forced);
+        let outcomes: Vec<_> = report
+            .stopped
+            .iter()
+            .map(|s| (s.name, s.outcome.clone()))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                ("slow flush", Outcome::Abandoned),
+                ("never reached", Outcome::Skipped),
+                ("second", Outcome::Done),
+                ("first", Outcome::Done),
+            ]
+        );
+        assert_eq!(*order.lock().expect("lock"), ["second", "first"]);
+        assert!(!report.finalizer_failed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_force_hook_is_a_failed_finalizer() {
+        let shutdown = shutdown();
+        let mut workers = Workers::new(&shutdown);
+        workers.on_force("spill", || Err("read-only file system".into()));
+        shutdown.force_handle().force("second signal (SIGINT)");
+        let report = workers.stop().await;
+        assert!(report.finalizer_failed());
     }
 }

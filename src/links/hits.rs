@@ -10,8 +10,14 @@
 //! whose commit went unconfirmed — or that was spilled — is never counted
 //! twice when it is applied again.
 //!
-//! The honest bound: after SIGKILL or power loss, the hits since the last
-//! flush (at most one flush interval's worth) are lost.
+//! Every way out keeps them: a clean exit and a passed deadline flush (or
+//! spill) them after the last request; a forced exit (second signal)
+//! spills them synchronously, with no database round trip. A spill that
+//! cannot be written is counted as lost, logged with the path and the
+//! count, and turns the exit code into "state lost".
+//!
+//! The honest bound: after SIGKILL, an OOM kill or power loss, the hits
+//! since the last flush (at most one flush interval's worth) are lost.
 
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap};
@@ -90,6 +96,21 @@ pub enum FinalFlush {
     },
 }
 
+/// Pending hits that could be written neither to the database nor to a
+/// spill file: they are lost, and this says how many and where the spill
+/// was to go.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write the spill file in {dir}: {hits} hits lost")]
+pub struct SpillFailed {
+    /// The spill directory.
+    pub dir: std::path::PathBuf,
+    /// The hits lost.
+    pub hits: u64,
+    /// Why the file could not be written.
+    #[source]
+    pub source: std::io::Error,
+}
+
 /// Series of the write-behind counters.
 #[derive(Clone, Debug)]
 struct HitMetrics {
@@ -100,6 +121,7 @@ struct HitMetrics {
     flushed: Counter,
     spills: Counter,
     spilled: Counter,
+    lost: Counter,
 }
 
 impl Default for HitMetrics {
@@ -112,6 +134,7 @@ impl Default for HitMetrics {
             flushed: Counter::default(),
             spills: Counter::default(),
             spilled: Counter::default(),
+            lost: Counter::default(),
         }
     }
 }
@@ -215,6 +238,11 @@ impl HitCounter {
             "Hits written to spill files",
             m.spilled.clone(),
         );
+        registry.register(
+            "hits_lost",
+            "Hits that could be written neither to the database nor to a spill file",
+            m.lost.clone(),
+        );
     }
 
     /// Counts one hit for `code`. Locks one shard of [`SHARDS`] briefly.
@@ -252,6 +280,52 @@ impl HitCounter {
     /// Hits spilled to disk by this process.
     pub fn spilled(&self) -> u64 {
         self.inner.metrics.spilled.get()
+    }
+
+    /// Hits this process wrote to the database (batches replayed from a
+    /// spill file not included).
+    pub fn flushed(&self) -> u64 {
+        self.inner.metrics.flushed.get()
+    }
+
+    /// Hits this process lost: neither the database nor a spill file
+    /// could take them.
+    pub fn lost(&self) -> u64 {
+        self.inner.metrics.lost.get()
+    }
+
+    /// Takes every pending hit out of memory and writes it to a new spill
+    /// file in `dir`, synchronously: no database round trip, so it is what
+    /// a forced exit runs. `Ok(None)` if nothing was pending.
+    ///
+    /// # Errors
+    /// [`SpillFailed`] if the file cannot be written: the hits are counted
+    /// as lost and an error line names the directory and the count.
+    pub fn spill_now(&self, dir: &Path) -> Result<Option<FinalFlush>, SpillFailed> {
+        let batches = self.take_all();
+        let hits: u64 = batches.iter().map(Batch::total).sum();
+        if hits == 0 {
+            return Ok(None);
+        }
+        let metrics = &self.inner.metrics;
+        match spill::write(dir, &batches) {
+            Ok(path) => {
+                metrics.spills.inc();
+                metrics.spilled.inc_by(hits);
+                tracing::warn!(hits, path = %path.display(), "hits spilled to disk; any replica sharing the spill directory applies them");
+                Ok(Some(FinalFlush::Spilled { hits, path }))
+            }
+            Err(source) => {
+                metrics.lost.inc_by(hits);
+                let failed = SpillFailed {
+                    dir: dir.to_owned(),
+                    hits,
+                    source,
+                };
+                tracing::error!(hits, path = %dir.display(), error = %crate::lifecycle::error_chain(&failed), "hits lost: the spill file cannot be written");
+                Err(failed)
+            }
+        }
     }
 
     /// The pending hits of `code`, each with the id of the batch it is (or
@@ -420,6 +494,10 @@ pub async fn run_flusher(
             _ = ticker.tick() => {}
             () = counter.many_pending() => ticker.reset(),
         }
+        // Fault injection for the ways-out tests: a critical worker that
+        // panics (`FAILPOINTS=hit-flusher=panic`).
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("hit-flusher");
         if let Err(error) = counter.flush(&storage).await {
             tracing::warn!(%error, pending = counter.pending(), "hit flush failed; the hits stay in memory and are retried");
         }
@@ -428,17 +506,17 @@ pub async fn run_flusher(
 
 /// The final flush, run as a finalizer after the last in-flight redirect:
 /// retries with backoff until `budget` less [`SPILL_RESERVE`] is spent, then
-/// writes whatever is left to a spill file in `data_dir`.
+/// writes whatever is left to a spill file in `spill_dir`.
 ///
 /// # Errors
-/// If the spill file cannot be written either: those hits are lost, and
-/// the error says so.
+/// [`SpillFailed`] if the spill file cannot be written either: those hits
+/// are lost, counted and logged as such.
 pub async fn final_flush(
     counter: &HitCounter,
     storage: &Storage,
-    data_dir: &Path,
+    spill_dir: &Path,
     budget: Duration,
-) -> Result<FinalFlush, BoxError> {
+) -> Result<FinalFlush, SpillFailed> {
     let deadline = Instant::now() + budget.saturating_sub(SPILL_RESERVE);
     let mut backoff = Duration::from_millis(50);
     let mut flushed = 0;
@@ -459,19 +537,10 @@ pub async fn final_flush(
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(1));
     }
-
-    let batches = counter.take_all();
-    let hits: u64 = batches.iter().map(Batch::total).sum();
-    if hits == 0 {
-        return Ok(FinalFlush::Flushed { hits: flushed });
-    }
-    let path = spill::write(data_dir, &batches).map_err(|error| {
-        format!("database unavailable and spill failed: {hits} hits lost: {error}")
-    })?;
-    counter.inner.metrics.spills.inc();
-    counter.inner.metrics.spilled.inc_by(hits);
-    tracing::warn!(hits, path = %path.display(), "database unavailable: hits spilled to disk; they are applied at the next start");
-    Ok(FinalFlush::Spilled { hits, path })
+    tracing::warn!("database unavailable at the final flush: spilling the pending hits");
+    Ok(counter
+        .spill_now(spill_dir)?
+        .unwrap_or(FinalFlush::Flushed { hits: flushed }))
 }
 
 #[cfg(test)]

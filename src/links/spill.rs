@@ -1,16 +1,27 @@
-//! Spill files: hit counts the database could not take at shutdown, written
-//! durably to the data directory and applied exactly once at the next start.
+//! Spill files: hit counts the database could not take at shutdown (or
+//! that a forced exit had no time to send), written durably to the spill
+//! directory and applied exactly once — at the next start, or by any
+//! running replica that shares the directory.
 //!
 //! Durability: written to a temporary file, fsynced, renamed into place,
 //! then the directory is fsynced. Exactly once: every batch carries the id
 //! the database records with it, and a file is removed only after all its
 //! batches are committed, so a crash at any point during replay leaves
 //! either the file (re-applied as a no-op for batches that landed) or
-//! nothing to do.
+//! nothing to do. Two replicas replaying one file at the same moment are
+//! serialized by the database on the batch id: one applies each batch, the
+//! other finds it applied.
+//!
+//! Shared directory: the file names carry a random part (every container's
+//! pid is 1), and a replica removes another's temporary file only once it
+//! is [`STALE_TEMPORARY`] old, so it never deletes a spill being written.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rand::distr::{Alphanumeric, SampleString};
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +29,11 @@ use super::hits::Batch;
 use crate::storage::{Storage, StorageError};
 
 const SUFFIX: &str = ".spill.json";
+
+/// How old a temporary spill file must be before a replay removes it as
+/// left by a process that died while writing it. Writing one takes
+/// milliseconds; a replica sharing the directory may be writing it now.
+pub const STALE_TEMPORARY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Serialize, Deserialize)]
 struct SpillFile {
@@ -66,13 +82,14 @@ pub struct Replayed {
 pub fn write(dir: &Path, batches: &[Batch]) -> io::Result<PathBuf> {
     fs::create_dir_all(dir)?;
     let name = format!(
-        "hits-{}-{}{SUFFIX}",
+        "hits-{}-{}-{}{SUFFIX}",
         chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ"),
-        std::process::id()
+        std::process::id(),
+        Alphanumeric.sample_string(&mut rand::rng(), 8)
     );
     let path = dir.join(&name);
     let temporary = dir.join(format!(".{name}.tmp"));
-    let body = serde_json::to_vec_pretty(&SpillFile {
+    let body = serde_json::to_vec(&SpillFile {
         version: 1,
         batches: batches.to_vec(),
     })
@@ -105,19 +122,35 @@ pub fn pending(dir: &Path) -> io::Result<Vec<PathBuf>> {
             .unwrap_or_default();
         if name.starts_with("hits-") && name.ends_with(SUFFIX) {
             files.push(path);
-        } else if name.starts_with(".hits-") && name.ends_with(".tmp") {
+        } else if name.starts_with(".hits-") && name.ends_with(".tmp") && is_stale(&path) {
             // The process died while writing it: it was never renamed into
             // place, so its hits were lost with the process (like SIGKILL).
             tracing::warn!(path = %path.display(), "removing an incomplete spill file");
-            fs::remove_file(&path)?;
+            remove_if_present(&path)?;
         }
     }
     files.sort();
     Ok(files)
 }
 
+/// `true` if `path` was last written [`STALE_TEMPORARY`] ago or more.
+fn is_stale(path: &Path) -> bool {
+    fs::metadata(path)
+        .and_then(|meta| meta.modified())
+        .is_ok_and(|modified| modified.elapsed().unwrap_or_default() >= STALE_TEMPORARY)
+}
+
+/// Removes `path`; another replica having removed it first is fine.
+fn remove_if_present(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
+    }
+}
+
 /// Applies every spill file in `dir` to the database, exactly once, and
-/// removes each after its batches are committed.
+/// removes each after its batches are committed. A file that another
+/// replica applied and removed meanwhile is skipped.
 ///
 /// # Errors
 /// A [`ReplayError`]; files not yet applied stay for the next start.
@@ -128,7 +161,11 @@ pub async fn replay(dir: &Path, storage: &Storage) -> Result<Replayed, ReplayErr
     };
     let mut replayed = Replayed::default();
     for path in pending(dir).map_err(file_error(dir))? {
-        let bytes = fs::read(&path).map_err(file_error(&path))?;
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
+            Err(error) => return Err(file_error(&path)(error)),
+        };
         let spill: SpillFile = serde_json::from_slice(&bytes).map_err(|error| {
             file_error(&path)(io::Error::new(io::ErrorKind::InvalidData, error))
         })?;
@@ -149,7 +186,7 @@ pub async fn replay(dir: &Path, storage: &Storage) -> Result<Replayed, ReplayErr
                 replayed.already_applied += 1;
             }
         }
-        fs::remove_file(&path).map_err(file_error(&path))?;
+        remove_if_present(&path).map_err(file_error(&path))?;
         File::open(dir)
             .and_then(|d| d.sync_all())
             .map_err(file_error(dir))?;
@@ -172,9 +209,20 @@ mod tests {
             hits: BTreeMap::from([("abc".to_owned(), 3)]),
         };
         let path = write(dir.path(), &[batch]).expect("write");
-        fs::write(dir.path().join(".hits-crashed.spill.json.tmp"), b"{").expect("tmp");
+        let crashed = dir.path().join(".hits-crashed.spill.json.tmp");
+        fs::write(&crashed, b"{").expect("tmp");
+        // Fresh: maybe another replica writing it now; kept.
         assert_eq!(pending(dir.path()).expect("list"), vec![path.clone()]);
-        assert!(!dir.path().join(".hits-crashed.spill.json.tmp").exists());
+        assert!(crashed.exists());
+        // Old: left by a process that died while writing it; removed.
+        let old = std::time::SystemTime::now() - STALE_TEMPORARY - Duration::from_secs(1);
+        File::options()
+            .write(true)
+            .open(&crashed)
+            .and_then(|file| file.set_modified(old))
+            .expect("age the temporary file");
+        assert_eq!(pending(dir.path()).expect("list"), vec![path.clone()]);
+        assert!(!crashed.exists());
         let spill: SpillFile =
             serde_json::from_slice(&fs::read(&path).expect("read")).expect("parse");
         assert_eq!(spill.batches[0].hits["abc"], 3);

@@ -53,6 +53,15 @@ pub enum StartupError {
     /// Hits spilled by an earlier run could not be applied.
     #[error(transparent)]
     Replay(#[from] ReplayError),
+    /// The spill directory cannot take a file: a spill at exit would fail.
+    #[error("the spill directory {path} is not writable")]
+    SpillDir {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}")]
     Bind {
@@ -155,6 +164,10 @@ impl App {
         // Before readiness: the database must hold every hit from before.
         // Spills of earlier versions sit in the data directory itself.
         let spill_dir = config.spill_dir();
+        spill::ensure_writable(&spill_dir).map_err(|source| StartupError::SpillDir {
+            path: spill_dir.clone(),
+            source,
+        })?;
         for dir in [&spill_dir, &config.data_dir] {
             log_replayed(spill::replay(dir, &storage).await?);
         }

@@ -322,6 +322,7 @@ impl Workers {
             let outcome = if watch.is_forced() {
                 Outcome::Skipped
             } else {
+                info!(target: LOG_TARGET, finalizer = finalizer.name, budget = ?finalizer.budget, "finalizer started");
                 let run = run_caught((finalizer.run)());
                 tokio::select! {
                     finished = tokio::time::timeout(finalizer.budget, run) => finished.unwrap_or_else(|_elapsed| {

@@ -103,6 +103,27 @@ pub fn write(dir: &Path, batches: &[Batch]) -> io::Result<PathBuf> {
     Ok(path)
 }
 
+/// Creates `dir` if needed and writes (then removes) a small file in it,
+/// so that a spill directory that cannot take a file fails the start
+/// instead of the exit that needs it.
+///
+/// # Errors
+/// The I/O error.
+pub fn ensure_writable(dir: &Path) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    let probe = dir.join(format!(
+        ".probe-{}-{}",
+        std::process::id(),
+        Alphanumeric.sample_string(&mut rand::rng(), 8)
+    ));
+    let written = File::create(&probe).and_then(|mut file| {
+        file.write_all(b"lameduck")?;
+        file.sync_all()
+    });
+    let removed = fs::remove_file(&probe);
+    written.and(removed)
+}
+
 /// Spill files waiting in `dir`, oldest first.
 ///
 /// # Errors

@@ -20,6 +20,7 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
@@ -124,7 +125,13 @@ impl LameduckProcess {
     /// With everything the child wrote, if it does not log `listening on
     /// http://ADDR` within [`START_TIMEOUT`].
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> LameduckProcess {
-        let (mut child, captured, data_dir) = spawn(args, envs);
+        LameduckProcess::start_exe(Path::new(BINARY), args, envs)
+    }
+
+    /// Like [`LameduckProcess::start`], running the binary at `exe` (a copy
+    /// that a test may later replace, as a broken release would).
+    pub fn start_exe(exe: &Path, args: &[&str], envs: &[(&str, &str)]) -> LameduckProcess {
+        let (mut child, captured, data_dir) = spawn(exe, args, envs);
         let deadline = Instant::now() + START_TIMEOUT;
         let addr = loop {
             let line = captured.wait_for(LISTENING, Duration::from_millis(100));
@@ -182,6 +189,27 @@ impl LameduckProcess {
     /// Waits up to `timeout` for the child to exit; `None` if it still runs.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         wait_child(&mut self.child, timeout)
+    }
+
+    /// Waits up to `within` for the child to exit and returns its exit
+    /// code.
+    ///
+    /// # Panics
+    /// With the child's logs, if it still runs after `within` or was ended
+    /// by a signal.
+    pub fn exit_code(&mut self, within: Duration) -> i32 {
+        let Some(status) = self.wait_exit(within) else {
+            panic!(
+                "lameduck still runs after {within:?}; logs:\n{}",
+                self.log_text()
+            );
+        };
+        status.code().unwrap_or_else(|| {
+            panic!(
+                "lameduck was ended by a signal ({status}); logs:\n{}",
+                self.log_text()
+            )
+        })
     }
 
     /// Whether the child is still running.
@@ -253,7 +281,7 @@ impl Finished {
 /// # Panics
 /// If it still runs after `timeout` (it is killed first).
 pub fn run(args: &[&str], envs: &[(&str, &str)], timeout: Duration) -> Finished {
-    let (mut child, captured, _data_dir) = spawn(args, envs);
+    let (mut child, captured, _data_dir) = spawn(Path::new(BINARY), args, envs);
     let Some(status) = wait_child(&mut child, timeout) else {
         let _ = child.kill();
         let _ = child.wait();
@@ -274,12 +302,12 @@ pub fn run(args: &[&str], envs: &[(&str, &str)], timeout: Duration) -> Finished 
     }
 }
 
-fn spawn(args: &[&str], envs: &[(&str, &str)]) -> (Child, Arc<Captured>, TempDir) {
+fn spawn(exe: &Path, args: &[&str], envs: &[(&str, &str)]) -> (Child, Arc<Captured>, TempDir) {
     let data_dir = tempfile::Builder::new()
         .prefix("lameduck-bin-")
         .tempdir()
         .unwrap_or_else(|e| panic!("cannot create a data directory: {e}"));
-    let mut command = Command::new(BINARY);
+    let mut command = Command::new(exe);
     command.arg("server");
     let sets_env = |name: &str| envs.iter().any(|(key, _)| *key == name);
     if !args.contains(&"--listen") && !sets_env("LAMEDUCK_LISTEN") {
@@ -303,7 +331,7 @@ fn spawn(args: &[&str], envs: &[(&str, &str)]) -> (Child, Arc<Captured>, TempDir
         .stderr(Stdio::piped());
     let mut child = command
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {BINARY}: {e}"));
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
 
     let captured = Arc::new(Captured::default());
     let stdout = child.stdout.take().expect("stdout is piped");
@@ -395,6 +423,74 @@ impl RawResponse {
             )
         })
     }
+}
+
+/// A complete, valid body for `POST /api/links`.
+pub const LINK: &str = r#"{"url":"https://example.com/x"}"#;
+
+/// Where [`start_slow_post`] splits [`LINK`]: the first part goes with the
+/// request head, the rest when the test lets the request finish.
+pub const LINK_SPLIT: usize = 10;
+
+/// Sends the head of `POST /api/links` and the first [`LINK_SPLIT`] bytes
+/// of its body: the handler waits for the rest in its JSON extractor, which
+/// holds a request in flight without any debug route.
+pub fn start_slow_post(addr: SocketAddr) -> TcpStream {
+    let mut stream = connect(addr);
+    write!(
+        stream,
+        "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{}",
+        LINK.len(),
+        &LINK[..LINK_SPLIT]
+    )
+    .expect("send the request head");
+    stream
+}
+
+/// Sends the rest of the body [`start_slow_post`] began.
+pub fn finish_slow_post(stream: &mut TcpStream) {
+    stream
+        .write_all(&LINK.as_bytes()[LINK_SPLIT..])
+        .expect("send the rest of the body");
+}
+
+/// Sends `method path` with a JSON `body` (or none) on a new connection
+/// that the request closes, and reads the response.
+///
+/// # Errors
+/// Any I/O error, including a refused connection.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> io::Result<RawResponse> {
+    let mut stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let body = body.unwrap_or_default();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: lameduck\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    read_response(&mut stream)
+}
+
+/// Creates a link to `url` and returns its code.
+///
+/// # Panics
+/// Unless the server answers 201 with a code.
+pub fn create_link(addr: SocketAddr, url: &str) -> String {
+    let body = serde_json::json!({ "url": url }).to_string();
+    let response = request(addr, "POST", "/api/links", Some(&body)).expect("POST /api/links");
+    assert_eq!(response.status, 201, "{response:?}");
+    response.json()["code"]
+        .as_str()
+        .expect("the new link's code")
+        .to_owned()
 }
 
 /// Opens a connection to `addr` with [`IO_TIMEOUT`] on reads and writes.

@@ -270,6 +270,11 @@ impl App {
             .expect("a bound listener has a local address")
     }
 
+    /// The open database.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
     /// The write-behind hit counters.
     pub fn hits(&self) -> &HitCounter {
         &self.hits

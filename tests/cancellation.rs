@@ -19,7 +19,8 @@ use hyper::body::Bytes;
 use hyper::service::Service as _;
 use hyper::Request;
 use lameduck::config::{Cli, Command, ServerConfig};
-use lameduck::lifecycle::{self, LifecycleMetrics, Scoped, ServeConfig, Shutdown};
+use lameduck::exit::Exit;
+use lameduck::lifecycle::{self, DrainOutcome, LifecycleMetrics, Scoped, ServeConfig, Shutdown};
 use lameduck::storage::{Storage, StoredLink};
 use lameduck::App;
 use sqlx::postgres::PgPoolOptions;
@@ -494,19 +495,35 @@ async fn cancellation_at_every_await_point_leaves_sqlite_clean() {
     cancel_at_every_await_point(None, None).await;
 }
 
-// The request-level half: hyper dropping the request future after k polls
-// (a client hang-up at any moment) fires the token through the drop guard;
-// the tracked task rolls back, and the next request on the pool of one works.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropping_the_request_after_k_polls_rolls_back_and_the_next_request_succeeds() {
+/// How a request is cut part-way.
+#[derive(Clone, Copy, Debug)]
+enum Cut {
+    /// The client hangs up: hyper drops the request future, whose drop
+    /// guard fires the token.
+    ClientHangsUp,
+    /// The shutdown deadline fires every request's token; the request
+    /// future keeps running and answers.
+    Deadline,
+}
+
+/// The request-level half of "cancellation at every await point": a link
+/// creation on PostgreSQL is cut after k polls, for every k up to a full
+/// run. After each cut: both statements' effects exist together or not at
+/// all; a 201 was answered only for a committed link (and a committed link
+/// answered 201 unless the client had gone); no session is left idle in a
+/// transaction; and the next request on the pool of one succeeds, on the
+/// same connection, never discarded.
+async fn cut_link_creation_at_every_await_point(cut: Cut) {
     let cluster = PgCluster::start();
     let admin = admin_pool(&cluster).await;
     let data = TempDir::new().expect("tempdir");
-    let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let app = app_with_pool_of_one(Some(&cluster.url()), &data, shutdown).await;
+    let app = app_with_pool_of_one(
+        Some(&cluster.url()),
+        &data,
+        Shutdown::new(LifecycleMetrics::default()),
+    )
+    .await;
     let parts = app.into_parts();
-    let watch = parts.shutdown.watch().clone();
-    let service = Scoped::new(parts.router, watch.clone());
     let create = |code: &str| {
         Request::post("/api/links")
             .header("content-type", "application/json")
@@ -515,30 +532,56 @@ async fn dropping_the_request_after_k_polls_rolls_back_and_the_next_request_succ
             ))))
             .expect("request")
     };
+    // Each cut gets a timeline of its own: after a deadline, every request
+    // on that timeline is born cancelled.
+    let timeline = || {
+        let shutdown = Shutdown::new(LifecycleMetrics::default());
+        let service = Scoped::new(parts.router.clone(), shutdown.watch().clone());
+        (shutdown, service)
+    };
 
-    let full = polls_to_complete(service.call(create("full"))).await;
+    let full = polls_to_complete(timeline().1.call(create("full"))).await;
+    assert!(full >= 2, "a request takes several polls, got {full}");
     for k in 0..=full {
-        let code = format!("drop-{k}");
-        drop(poll_times(service.call(create(&code)), k).await);
-        // Shutdown waits for the tracked cleanup; so does this check.
-        let tracker = watch.tracker();
+        let code = format!("{cut:?}-{k}").to_lowercase();
+        let (shutdown, service) = timeline();
+        let answered = match (poll_times(service.call(create(&code)), k).await, cut) {
+            (Ok(finished), _) => Some(finished.expect("infallible").status()),
+            (Err(task), Cut::ClientHangsUp) => {
+                drop(task);
+                None
+            }
+            (Err(mut task), Cut::Deadline) => {
+                shutdown.cancel_requests();
+                Some(finish(&mut task).await.expect("infallible").status())
+            }
+        };
+        // Shutdown waits for the tracked clean-up; so does this check.
+        let tracker = shutdown.watch().tracker();
         tracker.close();
         tokio::time::timeout(Duration::from_secs(10), tracker.wait())
             .await
             .expect("cleanup finished");
-        tracker.reopen();
 
         let rows = rows_for(&admin, &code).await;
         assert!(
             rows == (0, 0) || rows == (1, 1),
-            "k={k}: half-written {rows:?}"
+            "{cut:?} k={k}: half-written {rows:?}"
         );
+        match answered {
+            Some(StatusCode::CREATED) => assert_eq!(rows, (1, 1), "{cut:?} k={k}: 201"),
+            Some(status) => assert_eq!(rows, (0, 0), "{cut:?} k={k}: {status} but committed"),
+            // The client left: a commit that had passed its point may
+            // stand, a partial one never (checked above).
+            None => {}
+        }
         let idle_in_transaction = app_backends(&admin)
             .await
             .iter()
             .any(|(_, state, _)| state.starts_with("idle in transaction"));
-        assert!(!idle_in_transaction, "k={k}");
-        let response = service
+        assert!(!idle_in_transaction, "{cut:?} k={k}");
+        let response = timeline()
+            .1
             .call(create(&format!("after-{k}")))
             .await
             .expect("infallible");
@@ -549,8 +592,98 @@ async fn dropping_the_request_after_k_polls_rolls_back_and_the_next_request_succ
             .await
             .expect("body")
             .to_bytes();
-        assert_eq!(status, StatusCode::CREATED, "k={k}: {body:?}");
+        assert_eq!(status, StatusCode::CREATED, "{cut:?} k={k}: {body:?}");
     }
     assert_eq!(parts.storage.metrics().connections_discarded(), 0);
     assert_eq!(parts.storage.metrics().connections_opened(), 1);
+}
+
+// A client hang-up at any moment (hyper dropping the request future after
+// k polls) fires the token through the drop guard; the tracked task rolls
+// back, and the next request on the pool of one works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_request_after_k_polls_rolls_back_and_the_next_request_succeeds() {
+    cut_link_creation_at_every_await_point(Cut::ClientHangsUp).await;
+}
+
+// The shutdown deadline at any moment of a link creation: the request is
+// answered, 201 only if it committed, and nothing half-written stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_after_k_polls_answers_201_only_for_a_committed_link() {
+    cut_link_creation_at_every_await_point(Cut::Deadline).await;
+}
+
+// The deadline while the INSERT waits on a lock: the token fires, the
+// statement is cancelled inside PostgreSQL, the transaction rolls back
+// within the deadline's clean-up grace, the client gets no 201, and the
+// connection goes back to the pool clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_cancels_an_insert_blocked_on_a_lock_and_returns_the_connection_clean() {
+    let cluster = PgCluster::start();
+    let admin = admin_pool(&cluster).await;
+    let data = TempDir::new().expect("tempdir");
+    let mut config = server_config(Some(&cluster.url()), &data, 1);
+    config.shutdown_timeout = Duration::from_millis(500);
+    let shutdown = Shutdown::new(LifecycleMetrics::default());
+    let trigger = shutdown.trigger_handle();
+    let app = App::build(config, shutdown).await.expect("app");
+    let (addr, storage) = (app.local_addr(), app.storage().clone());
+    let serving = tokio::spawn(app.run());
+    assert_eq!(create_via_http(addr, "warmup").await, 201);
+    assert_eq!(
+        app_backends(&admin).await.len(),
+        1,
+        "pool of one, connected"
+    );
+
+    let mut lock = admin.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE links IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    let body = r#"{"url":"https://example.com/blocked","code":"blocked"}"#;
+    let mut client = TcpStream::connect(addr).await.expect("connect");
+    client
+        .write_all(
+            format!(
+                "POST /api/links HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("send");
+    let blocked = eventually(Duration::from_secs(10), || async {
+        app_backends(&admin)
+            .await
+            .iter()
+            .any(|(_, state, wait)| state == "active" && wait.as_deref() == Some("Lock"))
+    })
+    .await;
+    assert!(blocked.is_some(), "the insert never blocked on the lock");
+
+    trigger.trigger("SIGTERM");
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read_to_end(&mut client, &mut answer),
+    )
+    .await
+    .expect("answered or closed within the deadline's grace")
+    .expect("read");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(!answer.starts_with("HTTP/1.1 201"), "{answer}");
+    let report = serving.await.expect("run");
+    assert_eq!(report.drain.outcome, DrainOutcome::DeadlineExceeded);
+    assert_eq!(Exit::from_run(&report), Exit::DeadlineExceeded);
+    let idle_in_transaction = app_backends(&admin)
+        .await
+        .iter()
+        .any(|(_, state, _)| state.starts_with("idle in transaction"));
+    lock.rollback().await.expect("release the lock");
+
+    assert!(!idle_in_transaction, "a session idle in transaction");
+    assert_eq!(rows_for(&admin, "blocked").await, (0, 0));
+    assert_eq!(storage.metrics().connections_discarded(), 0);
+    assert_eq!(storage.metrics().connections_opened(), 1, "reused");
 }

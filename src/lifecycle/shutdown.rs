@@ -166,9 +166,12 @@ impl Shutdown {
         self.watch.timeline.draining.cancel();
     }
 
-    /// Fires every request's token: the deadline has passed. Workers and
-    /// finalizers are not affected.
-    pub(crate) fn cancel_requests(&self) {
+    /// Fires every request's token: the deadline has passed. What
+    /// [`serve`](super::serve) does when the shutdown timeout runs out; a
+    /// server loop of your own calls it at its deadline. Workers and
+    /// finalizers are not affected, and requests that start afterwards are
+    /// born cancelled.
+    pub fn cancel_requests(&self) {
         self.watch.timeline.requests.cancel();
     }
 

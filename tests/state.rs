@@ -435,3 +435,182 @@ async fn a_failing_critical_worker_shuts_down_with_its_code_and_the_final_flush_
         "final flush ran"
     );
 }
+
+/// `--data-dir`, `--spill-dir`, `--database-url` and a long flush interval.
+fn shared_spill_args(data: &TempDir, spill: &TempDir, cluster: &PgCluster) -> Vec<String> {
+    [
+        "--data-dir",
+        &data.path().display().to_string(),
+        "--spill-dir",
+        &spill.path().display().to_string(),
+        "--database-url",
+        &cluster.url(),
+        "--flush-interval",
+        "1h",
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect()
+}
+
+fn as_strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+// Gap: in containers the replacement is a new pod with a new volume, so a
+// spill is only safe if a process that will apply it can see it. Replica A
+// spills into the shared directory (PostgreSQL down at its SIGTERM); B,
+// already running, applies it once the database is back, with no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_replica_applies_the_spill_another_replica_left_in_the_shared_directory() {
+    let cluster = PgCluster::start();
+    let shared = TempDir::new().expect("spill dir");
+    let (data_a, data_b) = (TempDir::new().expect("a"), TempDir::new().expect("b"));
+    let args_a = shared_spill_args(&data_a, &shared, &cluster);
+    let args_b = shared_spill_args(&data_b, &shared, &cluster);
+    let mut a = LameduckProcess::start(&as_strs(&args_a), &[]);
+    let mut b = LameduckProcess::start(&as_strs(&args_b), &[]);
+
+    let codes = create_links(a.addr()).await;
+    let client = client();
+    for i in 0..200 {
+        let code = &codes[i % codes.len()];
+        let response = client
+            .get(format!("http://{}/{code}", a.addr()))
+            .send()
+            .await
+            .expect("redirect");
+        assert_eq!(response.status(), 307);
+    }
+    cluster.stop();
+    a.signal(Signal::SIGTERM);
+    assert_eq!(exit_code(&mut a), i32::from(Exit::StateSpilled.code()));
+    assert_eq!(spill::pending(shared.path()).expect("list").len(), 1);
+
+    cluster.start_again();
+    assert!(
+        b.wait_for_log("applied spilled hits", Duration::from_secs(30)),
+        "B never applied A's spill:\n{}",
+        b.log_text()
+    );
+    assert!(spill::pending(shared.path()).expect("list").is_empty());
+    assert_eq!(postgres_total(&cluster).await, 200);
+    let info: serde_json::Value = client
+        .get(format!("http://{}/api/links/link-0", b.addr()))
+        .send()
+        .await
+        .expect("info")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(info["hits"], 20);
+    b.signal(Signal::SIGTERM);
+    assert_eq!(exit_code(&mut b), 0, "{}", b.log_text());
+}
+
+// Two replicas replaying one spill file at the same moment: both are held
+// at their first batch by a lock on `hit_batches`, released together, and
+// then race through every batch. The batch ids make it exactly once: the
+// total is the file's, and the two processes' applied counts add up to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_replaying_one_spill_at_the_same_moment_apply_it_exactly_once() {
+    const BATCHES: u64 = 300;
+    let cluster = PgCluster::start();
+    let shared = TempDir::new().expect("spill dir");
+    let data = [TempDir::new().expect("a"), TempDir::new().expect("b")];
+    // The links, created by a first run (which also migrates).
+    let args = shared_spill_args(&data[0], &shared, &cluster);
+    let mut first = LameduckProcess::start(&as_strs(&args), &[]);
+    let codes = create_links(first.addr()).await;
+    first.signal(Signal::SIGTERM);
+    assert_eq!(exit_code(&mut first), 0);
+
+    let batches: Vec<Batch> = (0..BATCHES)
+        .map(|i| Batch {
+            id: format!("replay-race-{i}"),
+            hits: codes
+                .iter()
+                .map(|code| (code.clone(), i % 3 + 1))
+                .collect::<BTreeMap<_, _>>(),
+        })
+        .collect();
+    let total: u64 = batches.iter().map(Batch::total).sum();
+    spill::write(shared.path(), &batches).expect("write the spill");
+
+    let admin = PgPoolOptions::new()
+        .connect(&cluster.url())
+        .await
+        .expect("admin");
+    let mut lock = admin.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE hit_batches IN EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    let replicas: Vec<_> = data
+        .iter()
+        .map(|dir| {
+            let args = shared_spill_args(dir, &shared, &cluster);
+            std::thread::spawn(move || LameduckProcess::start(&as_strs(&args), &[]))
+        })
+        .collect();
+    let waiting = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE application_name = 'lameduck' AND wait_event_type = 'Lock'";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sqlx::query_scalar::<_, i64>(waiting)
+        .fetch_one(&admin)
+        .await
+        .expect("pg_stat_activity")
+        < 2
+    {
+        assert!(Instant::now() < deadline, "both replays never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    lock.rollback().await.expect("release both at once");
+
+    let mut applied = 0;
+    for replica in replicas {
+        let mut replica = replica.join().expect("started");
+        let line = replica
+            .logs()
+            .into_iter()
+            .find(|line| line.contains("applied spilled hits"));
+        if let Some(line) = line {
+            applied += line
+                .split_whitespace()
+                .find_map(|field| field.strip_prefix("hits="))
+                .and_then(|n| n.parse::<u64>().ok())
+                .expect("hits=N");
+        }
+        replica.signal(Signal::SIGTERM);
+        assert_eq!(exit_code(&mut replica), 0, "{}", replica.log_text());
+    }
+    assert_eq!(applied, total, "every batch applied by exactly one replica");
+    assert_eq!(
+        postgres_total(&cluster).await,
+        i64::try_from(total).expect("small")
+    );
+    assert!(spill::pending(shared.path()).expect("list").is_empty());
+}
+
+// A spill directory that cannot take a file fails the start, naming it,
+// instead of failing the exit that would need it.
+#[test]
+fn an_unwritable_spill_directory_fails_the_start_and_names_it() {
+    let holder = TempDir::new().expect("tempdir");
+    let file = holder.path().join("a-file");
+    std::fs::write(&file, b"not a directory").expect("write");
+    let spill_dir = file.join("spill");
+    let spill_arg = spill_dir.display().to_string();
+    let finished = support::binary::run(&["--spill-dir", &spill_arg], &[], Duration::from_secs(30));
+    assert_eq!(
+        finished.status.code(),
+        Some(i32::from(Exit::Startup.code()))
+    );
+    assert!(
+        finished
+            .output()
+            .contains(&format!("the spill directory {spill_arg} is not writable")),
+        "{}",
+        finished.output()
+    );
+}

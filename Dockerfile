@@ -46,20 +46,25 @@ COPY src src
 RUN find src migrations -type f -exec touch {} + \
     && cargo build --release --locked -p lameduck --bin lameduck \
     && install -D -m 0755 target/release/lameduck /out/lameduck \
-    && mkdir -p /out/data
+    && mkdir -p /out/data /out/spill
 
 # --- runtime ------------------------------------------------------------------
 FROM ${RUNTIME_IMAGE}
 
 COPY --from=build /out/lameduck /usr/local/bin/lameduck
-# The SQLite database and spill files; owned by the user the server runs as.
+# The SQLite database, and the spill files (hits the database could not take
+# at exit); owned by the user the server runs as. Give /spill a named volume
+# that the next container mounts too (`-v lameduck-spill:/spill`), or its
+# spills leave with the container's anonymous volume.
 COPY --from=build --chown=65532:65532 /out/data /data
+COPY --from=build --chown=65532:65532 /out/spill /spill
 
 ENV LAMEDUCK_LISTEN=0.0.0.0:8080 \
-    LAMEDUCK_DATA_DIR=/data
+    LAMEDUCK_DATA_DIR=/data \
+    LAMEDUCK_SPILL_DIR=/spill
 USER 65532:65532
 WORKDIR /data
-VOLUME /data
+VOLUME ["/data", "/spill"]
 EXPOSE 8080
 
 # readyz: 200 while serving, 503 from the moment SIGTERM arrives.

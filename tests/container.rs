@@ -14,10 +14,14 @@
 //!    traffic from the test through the load balancer, and each app replaced
 //!    in turn (start the new one, wait until it is healthy, add it to the
 //!    load balancer, stop the old one): not one request may fail.
+//! 4. Spills cross containers: a container forced to exit (a second
+//!    `docker kill --signal TERM` during its lame duck) spills its pending
+//!    hits to the named volume on `/spill`; the next container, given the
+//!    same named volumes, applies them: the hits are exact.
 //!
-//! Without a Docker engine both tests print one line and pass. Everything the
-//! tests create (containers with their anonymous volumes, the network, temp
-//! files) is removed again, also when a test fails; the images stay, so the
+//! Without a Docker engine the tests print one line and pass. Everything the
+//! tests create (containers with their anonymous volumes, named volumes, the
+//! network, temp files) is removed again, also when a test fails; the images stay, so the
 //! next run reuses their layers. Traffic goes only to ports published on
 //! 127.0.0.1 and, between containers, within the test's network; every loop
 //! is bounded in count and time.
@@ -106,6 +110,7 @@ fn unique(label: &str) -> String {
 struct Resources {
     containers: Mutex<Vec<String>>,
     networks: Mutex<Vec<String>>,
+    volumes: Mutex<Vec<String>>,
 }
 
 impl Resources {
@@ -121,6 +126,15 @@ impl Resources {
 
     fn network(&self, name: &str) -> String {
         self.networks
+            .lock()
+            .expect("resource list")
+            .push(name.to_owned());
+        name.to_owned()
+    }
+
+    /// A named volume, created by the first `docker run` that mounts it.
+    fn volume(&self, name: &str) -> String {
+        self.volumes
             .lock()
             .expect("resource list")
             .push(name.to_owned());
@@ -155,6 +169,10 @@ impl Drop for Resources {
             std::mem::take(&mut *self.networks.lock().unwrap_or_else(|e| e.into_inner()));
         for name in networks.iter().rev() {
             let _ = run(&["network", "rm", name]);
+        }
+        let volumes = std::mem::take(&mut *self.volumes.lock().unwrap_or_else(|e| e.into_inner()));
+        for name in &volumes {
+            let _ = run(&["volume", "rm", "--force", name]);
         }
     }
 }
@@ -948,4 +966,116 @@ async fn rolling_replacement_behind_a_load_balancer_drops_no_request() {
             "{slot} served no request: the traffic never reached it"
         );
     }
+}
+
+// --- 4: a spill crosses containers on a named volume ------------------------------
+
+// Gap: `docker run` replaces a container with a new one, whose anonymous
+// volumes are new too; a spill left on the old one's would never be applied.
+// With the named volumes of the README's `docker run`, the next container
+// applies what the last one spilled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spill_reaches_the_next_container_through_a_named_volume() {
+    const REDIRECTS: u64 = 50;
+    if !engine_available().await {
+        return;
+    }
+    let _turn = ONE_AT_A_TIME.lock().await;
+    image().await;
+
+    let resources = Resources::default();
+    let data = resources.volume(&unique("data"));
+    let spill = resources.volume(&unique("spill"));
+    let run = |label: &str, drain_delay: &str| {
+        let name = resources.container(&unique(label));
+        let drain_delay = format!("LAMEDUCK_DRAIN_DELAY={drain_delay}");
+        let (data, spill) = (format!("{data}:/data"), format!("{spill}:/spill"));
+        async move {
+            docker(&[
+                "run",
+                "--detach",
+                "--name",
+                &name,
+                "--publish",
+                &format!("127.0.0.1:0:{APP_PORT}"),
+                "--volume",
+                &data,
+                "--volume",
+                &spill,
+                // Hits stay in memory until the exit.
+                "--env",
+                "LAMEDUCK_FLUSH_INTERVAL=1h",
+                "--env",
+                &drain_delay,
+                IMAGE,
+            ])
+            .await;
+            let base = format!("http://{}", published(&name, APP_PORT).await);
+            wait_ok(
+                &client(),
+                &format!("{base}/healthz"),
+                Duration::from_secs(30),
+            )
+            .await;
+            (name, base)
+        }
+    };
+    let http = client();
+
+    // A lame duck long enough for the second signal to arrive in it.
+    let (first, base) = run("spills", "30s").await;
+    let created: serde_json::Value = http
+        .post(format!("{base}/api/links"))
+        .json(&serde_json::json!({ "url": "https://example.com/container-spill" }))
+        .send()
+        .await
+        .expect("create")
+        .json()
+        .await
+        .expect("json");
+    let code = created["code"].as_str().expect("a code").to_owned();
+    for _ in 0..REDIRECTS {
+        let response = http
+            .get(format!("{base}/{code}"))
+            .send()
+            .await
+            .expect("redirect");
+        assert_eq!(response.status(), 307);
+    }
+    docker(&["kill", "--signal", "TERM", &first]).await;
+    let lame_duck = Instant::now();
+    while status_of(&http, &format!("{base}/readyz")).await != Some(503) {
+        assert!(
+            lame_duck.elapsed() < Duration::from_secs(10),
+            "no lame duck"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // What `docker stop` does not do but an impatient operator (or a second
+    // `docker kill`) does: the second signal forces the exit.
+    docker(&["kill", "--signal", "TERM", &first]).await;
+    let exit = docker(&["wait", &first]).await;
+    let logs = container_logs(&first).await;
+    assert_eq!(exit.trim(), "4", "a forced exit; logs:\n{logs}");
+    assert!(logs.contains("hits spilled to disk"), "{logs}");
+
+    let (second, base) = run("applies", "0s").await;
+    let logs = container_logs(&second).await;
+    assert!(logs.contains("applied spilled hits"), "{logs}");
+    let info: serde_json::Value = http
+        .get(format!("{base}/api/links/{code}"))
+        .send()
+        .await
+        .expect("info")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        info["hits"], REDIRECTS,
+        "every hit answered before the forced exit"
+    );
+    stop_cleanly(&second).await;
+    println!(
+        "a forced exit spilled {REDIRECTS} hits to a named volume; the next container applied them"
+    );
 }

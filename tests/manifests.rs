@@ -426,6 +426,52 @@ fn pods_run_locked_down() {
     }
 }
 
+// A spill is only safe where a process that will apply it can read it: on
+// the pod's emptyDir it is deleted with the pod. The spill directory must be
+// a ReadWriteMany claim that every replica mounts, and the claim must be
+// part of what `kubectl apply -k` sends.
+#[test]
+fn spills_land_on_a_volume_every_replica_shares_and_that_outlives_the_pod() {
+    let deployment = deployment();
+    let container = server_container(&deployment);
+    let spill_dir = server_config(&container).spill_dir();
+    let spill_dir = spill_dir.to_str().expect("UTF-8");
+    let mount = seq_at(&container["volumeMounts"], "volumeMounts")
+        .iter()
+        .find(|m| m["mountPath"].as_str() == Some(spill_dir))
+        .unwrap_or_else(|| panic!("the spill directory ({spill_dir}) is not a mounted volume"));
+    assert_ne!(mount["readOnly"].as_bool(), Some(true), "writable");
+    let volume_name = str_at(&mount["name"], "volume name");
+    let volume = seq_at(
+        &deployment["spec"]["template"]["spec"]["volumes"],
+        "volumes",
+    )
+    .iter()
+    .find(|v| v["name"].as_str() == Some(volume_name))
+    .unwrap_or_else(|| panic!("no volume named {volume_name}"))
+    .clone();
+    let claim_name = str_at(
+        &volume["persistentVolumeClaim"]["claimName"],
+        "the spill volume's persistentVolumeClaim.claimName",
+    );
+
+    let claim = resource("spill-pvc.yaml", "PersistentVolumeClaim");
+    assert_eq!(str_at(&claim["metadata"]["name"], "claim name"), claim_name);
+    let modes: Vec<&str> = seq_at(&claim["spec"]["accessModes"], "accessModes")
+        .iter()
+        .map(|m| str_at(m, "access mode"))
+        .collect();
+    assert_eq!(modes, ["ReadWriteMany"], "every replica mounts it at once");
+
+    let kustomization: Value =
+        serde_yaml::from_str(&read(&manifests_dir().join("kustomization.yaml"))).expect("YAML");
+    let resources: Vec<&str> = seq_at(&kustomization["resources"], "resources")
+        .iter()
+        .map(|r| str_at(r, "resource"))
+        .collect();
+    assert!(resources.contains(&"spill-pvc.yaml"), "{resources:?}");
+}
+
 #[test]
 fn database_url_comes_from_the_example_secret() {
     let deployment = deployment();
@@ -556,7 +602,21 @@ fn dockerfile_agrees_with_the_deployment() {
         env.contains("LAMEDUCK_DATA_DIR=/data"),
         "the image's data dir is /data: {env}"
     );
-    assert!(all("VOLUME").contains(&"/data"), "/data is a volume");
+    let spill_dir = server_config(&container).spill_dir();
+    assert!(
+        env.contains(&format!("LAMEDUCK_SPILL_DIR={}", spill_dir.display())),
+        "the image spills where the Deployment does ({}): {env}",
+        spill_dir.display()
+    );
+    let volumes: Vec<String> = all("VOLUME")
+        .iter()
+        .flat_map(|rest| {
+            serde_json::from_str::<Vec<String>>(rest).unwrap_or_else(|_| vec![(*rest).to_owned()])
+        })
+        .collect();
+    for dir in ["/data".to_owned(), spill_dir.display().to_string()] {
+        assert!(volumes.contains(&dir), "{dir} is a volume: {volumes:?}");
+    }
 
     assert_eq!(last("STOPSIGNAL"), "SIGTERM");
     assert_eq!(

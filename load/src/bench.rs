@@ -44,6 +44,8 @@ pub enum Part {
     Shutdown,
     /// Instructions per request under callgrind (needs valgrind).
     Instructions,
+    /// A forced exit's synchronous spill of the pending hits.
+    Spill,
 }
 
 /// Requests of the short and the long callgrind run; the difference of
@@ -82,8 +84,11 @@ pub struct Options {
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub links: u32,
     /// The parts to run.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Part::Throughput, Part::Counting, Part::Shutdown, Part::Instructions])]
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Part::Throughput, Part::Counting, Part::Shutdown, Part::Instructions, Part::Spill])]
     pub parts: Vec<Part>,
+    /// Links with pending hits in the spill part.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub spill_links: u32,
     /// Do not pin the servers to CPU 0 and the harness to CPU 1.
     #[arg(long)]
     pub no_pin: bool,
@@ -211,6 +216,29 @@ pub struct BenchReport {
     /// Instructions per request: `GET /healthz` on lameduck, plain
     /// axum::serve and bare hyper, then `GET /{code}` counting and not.
     pub instructions: Vec<InstructionSeries>,
+    /// The forced exit's spill, one run per round.
+    pub spill: Option<SpillSeries>,
+}
+
+/// A forced exit's spill, timed: the force hook's own call
+/// (`HitCounter::spill_now`), which takes the pending hits out of memory
+/// and writes, fsyncs and renames the file, then fsyncs the directory.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpillSeries {
+    /// Links with pending hits.
+    pub links: u32,
+    /// Pending hits in all.
+    pub hits: u64,
+    /// Size of one spill file.
+    pub bytes: u64,
+    /// Where the files were written (the out folder's file system).
+    pub dir: String,
+    /// One time per round, ms.
+    pub runs_ms: Vec<f64>,
+    /// Median of `runs_ms`.
+    pub median_ms: f64,
+    /// Largest of `runs_ms`.
+    pub max_ms: f64,
 }
 
 /// `load bench`: pins, builds, runs, prints and writes.
@@ -314,6 +342,11 @@ pub async fn run(
     } else {
         Vec::new()
     };
+    let spill = if options.parts.contains(&Part::Spill) {
+        Some(spill(&options, &out.join("spill"))?)
+    } else {
+        None
+    };
     Ok(BenchReport {
         machine,
         options: options.clone(),
@@ -322,6 +355,55 @@ pub async fn run(
         counting,
         shutdown,
         instructions,
+        spill,
+    })
+}
+
+/// Times the forced exit's spill of `--spill-links` links with pending
+/// hits (1 to 3 each, codes of the generated length), once per round, into
+/// `dir` on the out folder's disk.
+fn spill(options: &Options, dir: &Path) -> anyhow::Result<SpillSeries> {
+    use lameduck::links::hits::{FinalFlush, HitCounter};
+    eprintln!(
+        "load: a forced exit's spill of {} links' pending hits",
+        options.spill_links
+    );
+    let codes: Vec<String> = (0..options.spill_links)
+        .map(|i| {
+            format!(
+                "{i:0width$x}",
+                width = lameduck::links::validate::GENERATED_CODE_LENGTH
+            )
+        })
+        .collect();
+    let (mut runs_ms, mut hits, mut bytes) = (Vec::new(), 0, 0);
+    for _ in 0..options.rounds {
+        let counter = HitCounter::default();
+        for (i, code) in codes.iter().enumerate() {
+            for _ in 0..=i % 3 {
+                counter.record(code);
+            }
+        }
+        let started = std::time::Instant::now();
+        let spilled = counter.spill_now(dir)?;
+        runs_ms.push(started.elapsed().as_secs_f64() * 1e3);
+        let Some(FinalFlush::Spilled { hits: n, path }) = spilled else {
+            anyhow::bail!("nothing was spilled");
+        };
+        hits = n;
+        bytes = std::fs::metadata(&path)?.len();
+        std::fs::remove_file(&path)?;
+    }
+    let mut sorted = runs_ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    Ok(SpillSeries {
+        links: options.spill_links,
+        hits,
+        bytes,
+        dir: dir.display().to_string(),
+        median_ms: sorted[sorted.len() / 2],
+        max_ms: sorted.last().copied().unwrap_or_default(),
+        runs_ms,
     })
 }
 
@@ -1103,6 +1185,26 @@ pub fn summary(report: &BenchReport) -> String {
             ratio(lameduck.per_request, bare.per_request),
             ratio(counted.per_request, uncounted.per_request),
             ratio(uncounted.per_request, counted.per_request),
+        ));
+    }
+    if let Some(spill) = &report.spill {
+        let runs: Vec<String> = spill.runs_ms.iter().map(|ms| fmt_ms(*ms)).collect();
+        text.push_str(&format!(
+            "### A forced exit's spill: pending hits of {} links, written synchronously
+
+             {} hits, a {} KiB file, written, fsynced and renamed, directory fsynced, in {}; one run per round: {} ms.
+
+             **Median {} ms, max {} ms (target: well under 100 ms).** Timed around `HitCounter::spill_now`,              the call the force hook makes at a second signal.
+
+{footer}
+",
+            spill.links,
+            spill.hits,
+            spill.bytes / 1024,
+            spill.dir,
+            runs.join(", "),
+            fmt_ms(spill.median_ms),
+            fmt_ms(spill.max_ms),
         ));
     }
     text

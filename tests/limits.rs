@@ -379,15 +379,6 @@ fn wait_status(addr: SocketAddr, path: &str, status: u16, within: Duration) -> D
     }
 }
 
-fn exit_code(server: &mut LameduckProcess) -> i32 {
-    let status = server
-        .wait_exit(PATIENCE)
-        .unwrap_or_else(|| panic!("still running; logs:\n{}", server.log_text()));
-    status
-        .code()
-        .unwrap_or_else(|| panic!("ended by a signal ({status}); logs:\n{}", server.log_text()))
-}
-
 // === HTTP/2 frames ===
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -766,7 +757,7 @@ fn a_request_over_the_timeout_gets_503_and_its_transaction_rolls_back() {
     assert_eq!(response.status, 201, "{response:?}");
 
     server.signal(Signal::SIGTERM);
-    assert_eq!(exit_code(&mut server), 0, "{}", server.log_text());
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
 }
 
 // === connection limit ===
@@ -1092,7 +1083,7 @@ fn when_the_database_goes_away_requests_fail_fast_readiness_drops_and_hits_are_n
     );
 
     server.signal(Signal::SIGTERM);
-    assert_eq!(exit_code(&mut server), 0, "{}", server.log_text());
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
     let mut sql = Sql::connect(&url);
     assert_eq!(
         sql.count("SELECT CAST(COALESCE(SUM(hits), 0) AS BIGINT) FROM links"),
@@ -1399,7 +1390,7 @@ fn the_database_password_never_appears_in_logs_errors_or_metrics() {
     keep(fresh_get(addr, "/metrics"));
 
     server.signal(Signal::SIGTERM);
-    assert_eq!(exit_code(&mut server), 0, "{}", server.log_text());
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
     let logs = server.logs();
     let leaks: Vec<&str> = logs
         .iter()

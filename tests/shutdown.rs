@@ -29,14 +29,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 use tokio::task::block_in_place;
 
-use support::binary::{self, connect, get, read_response, wait_for_eof, LameduckProcess};
+use support::binary::{
+    self, connect, finish_slow_post, get, read_response, start_slow_post, wait_for_eof,
+    LameduckProcess, LINK, LINK_SPLIT,
+};
 use support::postgres::PgCluster;
 
-/// A complete, valid body for `POST /api/links`.
-const LINK: &str = r#"{"url":"https://example.com/x"}"#;
-/// Where the test splits [`LINK`]: the first part goes with the request
-/// head, the rest when the test lets the request finish.
-const SPLIT: usize = 10;
 /// Generous bound on anything that should take milliseconds: a log line to
 /// appear, a process to exit, a socket to close. Reaching it is a failure.
 const PATIENCE: Duration = Duration::from_secs(15);
@@ -46,28 +44,6 @@ const STARTED: &str = "shutdown started: readiness is now false";
 const LAME_DUCK: &str = "lame duck: ";
 const DRAINING: &str = "listener closed; draining";
 const COMPLETE: &str = "shutdown complete";
-
-/// Sends the head of `POST /api/links` and the first [`SPLIT`] bytes of its
-/// body; the handler waits for the rest ([`finish_slow_post`]).
-fn start_slow_post(addr: SocketAddr) -> TcpStream {
-    let mut stream = connect(addr);
-    write!(
-        stream,
-        "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{}",
-        LINK.len(),
-        &LINK[..SPLIT]
-    )
-    .expect("send the request head");
-    stream
-}
-
-/// Sends the rest of the body [`start_slow_post`] began.
-fn finish_slow_post(stream: &mut TcpStream) {
-    stream
-        .write_all(&LINK.as_bytes()[SPLIT..])
-        .expect("send the rest of the body");
-}
 
 /// Waits until `n` requests besides the probe itself are in flight, as the
 /// server's own `lameduck_requests_in_flight` gauge counts them, so that a
@@ -90,21 +66,6 @@ fn wait_in_flight(addr: SocketAddr, n: i64) {
         std::thread::sleep(Duration::from_millis(20));
     }
     panic!("{n} request(s) never showed up in flight; last /metrics:\n{last}");
-}
-
-fn exit_code(server: &mut LameduckProcess, within: Duration) -> i32 {
-    let Some(status) = server.wait_exit(within) else {
-        panic!(
-            "lameduck still runs after {within:?}; logs:\n{}",
-            server.log_text()
-        );
-    };
-    status.code().unwrap_or_else(|| {
-        panic!(
-            "lameduck ended by a signal ({status}); logs:\n{}",
-            server.log_text()
-        )
-    })
 }
 
 fn assert_logged(server: &LameduckProcess, needle: &str) {
@@ -190,7 +151,7 @@ fn inflight_request_completes_after_sigterm_with_connection_close() {
         "the server kept the connection open after `Connection: close`"
     );
 
-    assert_eq!(exit_code(&mut server, PATIENCE), 0, "{}", server.log_text());
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
     assert_logged(&server, COMPLETE);
     assert_refused(&mut server, addr);
 }
@@ -226,7 +187,7 @@ fn idle_keepalive_connections_are_closed_by_the_server_at_drain_start() {
             signalled.elapsed()
         );
     }
-    assert_eq!(exit_code(&mut server, PATIENCE), 0, "{}", server.log_text());
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
     let took = signalled.elapsed();
     assert!(took < Duration::from_secs(5), "exit took {took:?}");
 
@@ -291,7 +252,7 @@ fn readyz_is_503_during_the_drain_delay_while_other_requests_get_connection_clos
         lame_duck >= Duration::from_secs(2),
         "lame duck lasted {lame_duck:?}"
     );
-    assert_eq!(exit_code(&mut server, PATIENCE), 0, "{}", server.log_text());
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
 }
 
 // Gap: the shutdown timeout is a promise to the supervisor: work that never
@@ -306,7 +267,7 @@ fn request_that_never_finishes_exits_with_the_deadline_code() {
 
     let signalled = Instant::now();
     server.signal(Signal::SIGTERM);
-    assert_eq!(exit_code(&mut server, PATIENCE), 3, "{}", server.log_text());
+    assert_eq!(server.exit_code(PATIENCE), 3, "{}", server.log_text());
     let took = signalled.elapsed();
     assert!(
         took >= Duration::from_secs(1),
@@ -338,7 +299,7 @@ fn second_signal_during_the_drain_forces_exit_with_its_code() {
 
     let forced = Instant::now();
     server.signal(Signal::SIGINT);
-    assert_eq!(exit_code(&mut server, PATIENCE), 4, "{}", server.log_text());
+    assert_eq!(server.exit_code(PATIENCE), 4, "{}", server.log_text());
     let took = forced.elapsed();
     assert!(took < Duration::from_secs(5), "forced exit took {took:?}");
     assert!(
@@ -381,7 +342,7 @@ async fn http2_inflight_stream_completes_and_the_connection_receives_goaway() {
         .expect("request");
     let response = tokio::spawn(sender.send_request(request));
     chunks
-        .send(Bytes::from_static(&LINK.as_bytes()[..SPLIT]))
+        .send(Bytes::from_static(&LINK.as_bytes()[..LINK_SPLIT]))
         .await
         .expect("send the first part");
     block_in_place(|| wait_in_flight(addr, 1));
@@ -418,7 +379,7 @@ async fn http2_inflight_stream_completes_and_the_connection_receives_goaway() {
     );
 
     chunks
-        .send(Bytes::from_static(&LINK.as_bytes()[SPLIT..]))
+        .send(Bytes::from_static(&LINK.as_bytes()[LINK_SPLIT..]))
         .await
         .expect("send the rest");
     drop(chunks);
@@ -444,7 +405,7 @@ async fn http2_inflight_stream_completes_and_the_connection_receives_goaway() {
         "the connection did not end gracefully: {connection:?}"
     );
     assert_eq!(
-        block_in_place(|| exit_code(&mut server, PATIENCE)),
+        block_in_place(|| server.exit_code(PATIENCE)),
         0,
         "{}",
         server.log_text()
@@ -603,7 +564,7 @@ async fn sigterm_during_a_postgres_transaction_lets_it_finish_and_commit() {
         assert_eq!(rows, 1, "{table} rows for {code}");
     }
     assert_eq!(
-        block_in_place(|| exit_code(&mut server, PATIENCE)),
+        block_in_place(|| server.exit_code(PATIENCE)),
         0,
         "{}",
         server.log_text()
@@ -763,7 +724,7 @@ fn requests_waiting_in_the_listen_backlog_are_served_before_the_listener_closes(
             Err(e) => Some(format!("client {i}: {e}")),
         })
         .collect();
-    assert_eq!(exit_code(&mut server, PATIENCE), 0, "{}", server.log_text());
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
     assert!(
         lost.is_empty(),
         "{} of {CLIENTS} requests got no answer:\n{}\nlogs:\n{}",

@@ -121,15 +121,6 @@ async fn postgres_total(cluster: &PgCluster) -> i64 {
     total
 }
 
-fn exit_code(server: &mut LameduckProcess) -> i32 {
-    let status = server
-        .wait_exit(EXIT_WITHIN)
-        .unwrap_or_else(|| panic!("still running; logs:\n{}", server.log_text()));
-    status
-        .code()
-        .unwrap_or_else(|| panic!("killed by a signal; logs:\n{}", server.log_text()))
-}
-
 fn sigterm_at_half(server: &LameduckProcess) -> impl FnOnce() + Send + 'static {
     let pid = server.pid();
     move || nix::sys::signal::kill(pid, Signal::SIGTERM).expect("SIGTERM")
@@ -147,7 +138,7 @@ async fn every_answered_redirect_is_stored(database_url: Option<&str>) -> (u64, 
     let mut server = LameduckProcess::start(&args, &[]);
     let codes = create_links(server.addr()).await;
     let answered = redirect_storm(server.addr(), &codes, 50, 5_000, sigterm_at_half(&server)).await;
-    assert_eq!(exit_code(&mut server), 0, "{}", server.log_text());
+    assert_eq!(server.exit_code(EXIT_WITHIN), 0, "{}", server.log_text());
     assert!(answered >= 2_500, "only {answered} answered");
     (answered, data)
 }
@@ -205,7 +196,7 @@ async fn spill_with_postgres_down(
     cluster.stop();
     server.signal(Signal::SIGTERM);
     assert_eq!(
-        exit_code(&mut server),
+        server.exit_code(EXIT_WITHIN),
         i32::from(Exit::StateSpilled.code()),
         "{}",
         server.log_text()
@@ -257,7 +248,7 @@ async fn postgres_down_at_shutdown_spills_and_the_next_start_applies_it_exactly_
             "spill removed"
         );
         server.signal(Signal::SIGTERM);
-        assert_eq!(exit_code(&mut server), 0);
+        assert_eq!(server.exit_code(EXIT_WITHIN), 0);
     }
 }
 
@@ -332,7 +323,7 @@ async fn a_crash_during_replay_still_ends_with_exact_totals() {
         .expect("list")
         .is_empty());
     server.signal(Signal::SIGTERM);
-    assert_eq!(exit_code(&mut server), 0);
+    assert_eq!(server.exit_code(EXIT_WITHIN), 0);
 }
 
 fn server_config(data: &TempDir) -> ServerConfig {
@@ -484,7 +475,10 @@ async fn a_running_replica_applies_the_spill_another_replica_left_in_the_shared_
     }
     cluster.stop();
     a.signal(Signal::SIGTERM);
-    assert_eq!(exit_code(&mut a), i32::from(Exit::StateSpilled.code()));
+    assert_eq!(
+        a.exit_code(EXIT_WITHIN),
+        i32::from(Exit::StateSpilled.code())
+    );
     assert_eq!(spill::pending(shared.path()).expect("list").len(), 1);
 
     cluster.start_again();
@@ -505,7 +499,7 @@ async fn a_running_replica_applies_the_spill_another_replica_left_in_the_shared_
         .expect("json");
     assert_eq!(info["hits"], 20);
     b.signal(Signal::SIGTERM);
-    assert_eq!(exit_code(&mut b), 0, "{}", b.log_text());
+    assert_eq!(b.exit_code(EXIT_WITHIN), 0, "{}", b.log_text());
 }
 
 // Two replicas replaying one spill file at the same moment: both are held
@@ -523,7 +517,7 @@ async fn two_processes_replaying_one_spill_at_the_same_moment_apply_it_exactly_o
     let mut first = LameduckProcess::start(&as_strs(&args), &[]);
     let codes = create_links(first.addr()).await;
     first.signal(Signal::SIGTERM);
-    assert_eq!(exit_code(&mut first), 0);
+    assert_eq!(first.exit_code(EXIT_WITHIN), 0);
 
     let batches: Vec<Batch> = (0..BATCHES)
         .map(|i| Batch {
@@ -582,7 +576,7 @@ async fn two_processes_replaying_one_spill_at_the_same_moment_apply_it_exactly_o
                 .expect("hits=N");
         }
         replica.signal(Signal::SIGTERM);
-        assert_eq!(exit_code(&mut replica), 0, "{}", replica.log_text());
+        assert_eq!(replica.exit_code(EXIT_WITHIN), 0, "{}", replica.log_text());
     }
     assert_eq!(applied, total, "every batch applied by exactly one replica");
     assert_eq!(

@@ -15,7 +15,9 @@
 //! 5. Work still running at the deadline is cancelled, given a short grace
 //!    to clean up, and abandoned; a second signal abandons it at once.
 //! 6. Workers stop and finalizers run in reverse order (the final flush of
-//!    in-memory state, then the pool); the outcome becomes an exit code.
+//!    in-memory state, then the pool) — after a passed deadline too; after a
+//!    second signal, force hooks spill that state to disk instead. The
+//!    outcome becomes an exit code.
 //!
 //! # Layout
 //! - [`lifecycle`]: signals, the shutdown handle, the accept loop and its

@@ -673,4 +673,44 @@ mod tests {
         let total: u64 = counter.take_all().iter().map(Batch::total).sum();
         assert_eq!(total, 80_000);
     }
+
+    #[test]
+    fn a_spill_writes_every_pending_hit_once_and_empties_memory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let counter = HitCounter::default();
+        for i in 0..1_000 {
+            counter.record(&format!("code{}", i % 7));
+        }
+        counter.seal();
+        counter.record("late");
+        let Ok(Some(FinalFlush::Spilled { hits, path })) = counter.spill_now(dir.path()) else {
+            panic!("spilled");
+        };
+        assert_eq!(hits, 1_001);
+        assert_eq!(counter.pending(), 0);
+        assert_eq!(counter.spilled(), 1_001);
+        assert_eq!(spill::pending(dir.path()).expect("list"), vec![path]);
+        assert!(
+            matches!(counter.spill_now(dir.path()), Ok(None)),
+            "nothing left"
+        );
+    }
+
+    #[test]
+    fn a_spill_that_cannot_be_written_counts_the_hits_as_lost_and_names_the_dir() {
+        let holder = tempfile::tempdir().expect("tempdir");
+        let file = holder.path().join("a-file");
+        std::fs::write(&file, b"x").expect("write");
+        let dir = file.join("spill");
+        let counter = HitCounter::default();
+        for _ in 0..5 {
+            counter.record("abc");
+        }
+        let failed = counter.spill_now(&dir).expect_err("ENOTDIR");
+        assert_eq!(failed.hits, 5);
+        assert_eq!(failed.dir, dir);
+        assert_eq!(counter.lost(), 5);
+        assert_eq!(counter.spilled(), 0);
+        assert!(failed.to_string().contains("5 hits lost"), "{failed}");
+    }
 }

@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command as Process, Stdio};
@@ -366,7 +366,7 @@ async fn replaying_a_spill_whose_batches_already_landed_counts_nothing_twice() {
         .expect("insert");
     let batch = Batch {
         id: "batch-1".to_owned(),
-        hits: BTreeMap::from([("abc".to_owned(), 7)]),
+        hits: HashMap::from([("abc".to_owned(), 7)]).into(),
     };
     let path = spill::write(data.path(), std::slice::from_ref(&batch)).expect("spill");
     let copy = std::fs::read(&path).expect("read");
@@ -525,7 +525,8 @@ async fn two_processes_replaying_one_spill_at_the_same_moment_apply_it_exactly_o
             hits: codes
                 .iter()
                 .map(|code| (code.clone(), i % 3 + 1))
-                .collect::<BTreeMap<_, _>>(),
+                .collect::<HashMap<_, _>>()
+                .into(),
         })
         .collect();
     let total: u64 = batches.iter().map(Batch::total).sum();

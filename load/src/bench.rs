@@ -1190,14 +1190,11 @@ pub fn summary(report: &BenchReport) -> String {
     if let Some(spill) = &report.spill {
         let runs: Vec<String> = spill.runs_ms.iter().map(|ms| fmt_ms(*ms)).collect();
         text.push_str(&format!(
-            "### A forced exit's spill: pending hits of {} links, written synchronously
-
-             {} hits, a {} KiB file, written, fsynced and renamed, directory fsynced, in {}; one run per round: {} ms.
-
-             **Median {} ms, max {} ms (target: well under 100 ms).** Timed around `HitCounter::spill_now`,              the call the force hook makes at a second signal.
-
-{footer}
-",
+            "### A forced exit's spill: pending hits of {} links, written synchronously\n\n\
+             {} hits, a {} KiB file, written, fsynced and renamed, directory fsynced, in {}; \
+             one run per round: {} ms.\n\n\
+             **Median {} ms, max {} ms (target: well under 100 ms).** Timed around \
+             `HitCounter::spill_now`, the call the force hook makes at a second signal.\n\n{footer}\n",
             spill.links,
             spill.hits,
             spill.bytes / 1024,

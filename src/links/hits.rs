@@ -20,7 +20,7 @@
 //! since the last flush (at most one flush interval's worth) are lost.
 
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,7 +58,49 @@ pub struct Batch {
     /// Recorded by the database with the counts; makes re-applying a no-op.
     pub id: String,
     /// Hits per link code.
-    pub hits: BTreeMap<String, u64>,
+    pub hits: Hits,
+}
+
+/// Hits per link code, kept as the disjoint maps of the shards they were
+/// counted in: sealing a batch — which a forced exit does right before it
+/// spills — moves the shards' maps and never rehashes a code. Serialized
+/// as one JSON object; [`Batch::as_rows`] sorts when the batch is applied.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hits(Vec<HashMap<String, u64>>);
+
+impl Hits {
+    /// The hits of `code`, if it has any.
+    pub fn get(&self, code: &str) -> Option<u64> {
+        self.0.iter().find_map(|map| map.get(code)).copied()
+    }
+
+    /// Every code with its hits, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &u64)> {
+        self.0.iter().flatten()
+    }
+
+    /// `true` if no code has a hit.
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(HashMap::is_empty)
+    }
+}
+
+impl From<HashMap<String, u64>> for Hits {
+    fn from(map: HashMap<String, u64>) -> Hits {
+        Hits(vec![map])
+    }
+}
+
+impl Serialize for Hits {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Hits {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Hits, D::Error> {
+        HashMap::deserialize(deserializer).map(Hits::from)
+    }
 }
 
 fn new_batch_id() -> String {
@@ -68,14 +110,20 @@ fn new_batch_id() -> String {
 impl Batch {
     /// The hits in the batch.
     pub fn total(&self) -> u64 {
-        self.hits.values().sum()
+        self.hits.iter().map(|(_, n)| n).sum()
     }
 
-    fn as_rows(&self) -> Vec<(String, u64)> {
-        self.hits
+    /// The rows to apply, sorted by code: every transaction that applies
+    /// a batch updates links in the same order, so two of them (two
+    /// replicas replaying spills, a flush beside a replay) never deadlock.
+    pub fn as_rows(&self) -> Vec<(String, u64)> {
+        let mut rows: Vec<(String, u64)> = self
+            .hits
             .iter()
             .map(|(code, n)| (code.clone(), *n))
-            .collect()
+            .collect();
+        rows.sort_unstable();
+        rows
     }
 }
 
@@ -339,7 +387,7 @@ impl HitCounter {
         let mut pending: Vec<(String, u64)> = unconfirmed
             .batches
             .iter()
-            .filter_map(|batch| Some((batch.id.clone(), *batch.hits.get(code)?)))
+            .filter_map(|batch| Some((batch.id.clone(), batch.hits.get(code)?)))
             .collect();
         if let Some(&count) = lock(&inner.shards[shard]).get(code) {
             pending.push((unconfirmed.next_id.clone(), count));
@@ -373,12 +421,21 @@ impl HitCounter {
     fn seal(&self) {
         let inner = &*self.inner;
         let mut unconfirmed = lock(&inner.unconfirmed);
-        let mut hits = BTreeMap::new();
-        for shard in inner.shards.iter() {
-            for (code, count) in lock(shard).drain() {
-                *hits.entry(code).or_insert(0) += count;
-            }
-        }
+        // A code lives in one shard only: the shards' maps are disjoint and
+        // are moved into the batch as they are. Each shard starts again
+        // with room for as many codes as it had.
+        let hits = Hits(
+            inner
+                .shards
+                .iter()
+                .map(|shard| {
+                    let mut shard = lock(shard);
+                    let room = shard.len();
+                    std::mem::replace(&mut *shard, HashMap::with_capacity(room))
+                })
+                .filter(|map| !map.is_empty())
+                .collect(),
+        );
         if !hits.is_empty() {
             let id = std::mem::replace(&mut unconfirmed.next_id, new_batch_id());
             unconfirmed.batches.push(Batch { id, hits });

@@ -30,15 +30,25 @@ use crate::storage::{Storage, StorageError};
 
 const SUFFIX: &str = ".spill.json";
 
+/// The spill file format this build writes and reads.
+const VERSION: u32 = 1;
+
 /// How old a temporary spill file must be before a replay removes it as
 /// left by a process that died while writing it. Writing one takes
 /// milliseconds; a replica sharing the directory may be writing it now.
 pub const STALE_TEMPORARY: Duration = Duration::from_secs(60);
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Deserialize)]
 struct SpillFile {
     version: u32,
     batches: Vec<Batch>,
+}
+
+/// What [`write`] serializes: a [`SpillFile`] that borrows its batches.
+#[derive(Serialize)]
+struct SpillFileRef<'a> {
+    version: u32,
+    batches: &'a [Batch],
 }
 
 /// Errors while replaying spill files at startup.
@@ -89,9 +99,9 @@ pub fn write(dir: &Path, batches: &[Batch]) -> io::Result<PathBuf> {
     );
     let path = dir.join(&name);
     let temporary = dir.join(format!(".{name}.tmp"));
-    let body = serde_json::to_vec(&SpillFile {
-        version: 1,
-        batches: batches.to_vec(),
+    let body = serde_json::to_vec(&SpillFileRef {
+        version: VERSION,
+        batches,
     })
     .map_err(io::Error::other)?;
     let mut file = File::create(&temporary)?;
@@ -190,12 +200,19 @@ pub async fn replay(dir: &Path, storage: &Storage) -> Result<Replayed, ReplayErr
         let spill: SpillFile = serde_json::from_slice(&bytes).map_err(|error| {
             file_error(&path)(io::Error::new(io::ErrorKind::InvalidData, error))
         })?;
+        if spill.version != VERSION {
+            return Err(file_error(&path)(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "format version {}, this build reads {VERSION}",
+                    spill.version
+                ),
+            )));
+        }
         tracing::info!(path = %path.display(), batches = spill.batches.len(), "replaying spilled hits");
         for batch in &spill.batches {
-            let rows: Vec<(String, u64)> =
-                batch.hits.iter().map(|(c, n)| (c.clone(), *n)).collect();
             let applied = storage
-                .apply_hits(&batch.id, &rows)
+                .apply_hits(&batch.id, &batch.as_rows())
                 .await
                 .map_err(|source| ReplayError::Storage {
                     path: path.display().to_string(),
@@ -218,7 +235,7 @@ pub async fn replay(dir: &Path, storage: &Storage) -> Result<Replayed, ReplayErr
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use std::collections::HashMap;
 
     use super::*;
 
@@ -227,7 +244,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let batch = Batch {
             id: "b1".to_owned(),
-            hits: BTreeMap::from([("abc".to_owned(), 3)]),
+            hits: HashMap::from([("abc".to_owned(), 3)]).into(),
         };
         let path = write(dir.path(), &[batch]).expect("write");
         let crashed = dir.path().join(".hits-crashed.spill.json.tmp");
@@ -246,6 +263,6 @@ mod tests {
         assert!(!crashed.exists());
         let spill: SpillFile =
             serde_json::from_slice(&fs::read(&path).expect("read")).expect("parse");
-        assert_eq!(spill.batches[0].hits["abc"], 3);
+        assert_eq!(spill.batches[0].hits.get("abc"), Some(3));
     }
 }

@@ -21,7 +21,7 @@ use hyper::Request;
 use lameduck::config::{Cli, Command, ServerConfig};
 use lameduck::exit::Exit;
 use lameduck::lifecycle::{self, DrainOutcome, LifecycleMetrics, Scoped, ServeConfig, Shutdown};
-use lameduck::storage::{Storage, StoredLink};
+use lameduck::storage::{Storage, StorageMetrics, StoredLink};
 use lameduck::App;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -434,9 +434,12 @@ async fn storage_rows(storage: &Storage, code: &str) -> (i64, i64) {
 /// one is clean — the next transaction works and nothing half-written stays.
 async fn cancel_at_every_await_point(database_url: Option<&str>, admin: Option<&PgPool>) {
     let data = TempDir::new().expect("tempdir");
-    let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let app = app_with_pool_of_one(database_url, &data, shutdown).await;
-    let storage = app.into_parts().storage;
+    // The storage alone, without the app's workers: its health probe would
+    // compete for the pool's one connection and, on a loaded machine, time
+    // out and mark the database down.
+    let storage = Storage::open(database_url, data.path(), 1, StorageMetrics::default())
+        .await
+        .expect("storage");
 
     let never = CancellationToken::new();
     let full = polls_to_complete(storage.insert_link(&link("full"), &never)).await;

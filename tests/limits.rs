@@ -1345,6 +1345,42 @@ fn invalid_json_wrong_content_type_and_invalid_utf8_get_clear_4xx_json_errors() 
     );
 }
 
+// Gap: `POST /api/links` accepted a URL with a control character (CR LF,
+// NUL, VT, DEL...) with 201, after which every `GET /{code}` answered 500,
+// and URLs with spaces or non-ASCII characters went out raw in
+// `Location`, which is then no URI at all. A control character anywhere
+// must get a JSON 400 that says so and store nothing; other URLs are stored
+// normalised, and the redirect on the wire carries that ASCII form.
+#[test]
+fn urls_with_control_characters_get_400_and_others_redirect_in_normalised_form() {
+    let mut server = Server::start(&[]);
+    let addr = server.addr();
+    for control in ['\r', '\n', '\t', '\0', '\u{1}', '\u{b}', '\u{7f}', '\u{85}'] {
+        let body = serde_json::json!({ "url": format!("https://example.com/a{control}b") });
+        let case = format!("a URL with U+{:04X}", u32::from(control));
+        let response = post_json(addr, &body.to_string());
+        let message = assert_json_error(&response, 400, &case);
+        assert!(message.contains("control characters"), "{case}: {message}");
+    }
+    assert_eq!(server.stored(), (0, 0), "a refused URL was stored");
+
+    let body = serde_json::json!({ "url": "https://Bücher.example/a b|ü?q=x y#frag ment" });
+    let created = post_json(addr, &body.to_string());
+    assert_eq!(created.status, 201, "{created:?}");
+    let normalised = "https://xn--bcher-kva.example/a%20b%7C%C3%BC?q=x%20y#frag%20ment";
+    let json = created.json();
+    assert_eq!(json["url"], normalised);
+    let code = json["code"].as_str().expect("code");
+    let redirect = fresh_get(addr, &format!("/{code}"));
+    assert_eq!(redirect.status, 307, "{redirect:?}");
+    assert_eq!(
+        redirect.header("location"),
+        Some(normalised),
+        "{redirect:?}"
+    );
+    server.assert_serving("URLs with control characters");
+}
+
 // === secrets ===
 
 // Gap: the database URL carries the password; it must not leak through

@@ -13,8 +13,8 @@ pub mod validate;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::header::LOCATION;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
@@ -156,12 +156,18 @@ async fn show(
 
 /// The hot path: a cache lookup and an in-memory count; the database is
 /// read only on a cache miss and written later, batched, by the flusher.
+///
+/// The cache holds only URLs in their normalised form: new links are
+/// stored that way, and a link stored before the rule is normalised when it
+/// is read. A stored URL that cannot be normalised (one with a control
+/// character, which no `Location` header can carry) answers 500 and counts
+/// no hit.
 async fn redirect(
     State(storage): State<Storage>,
     State(hits): State<HitCounter>,
     State(cache): State<LinkCache>,
     Path(code): Path<String>,
-) -> Result<Redirect, ApiError> {
+) -> Result<Response, ApiError> {
     let url = match cache.get(&code) {
         Some(url) => url,
         None => {
@@ -169,12 +175,26 @@ async fn redirect(
                 .find_link(&code)
                 .await?
                 .ok_or_else(|| not_found(&code))?;
-            cache.insert(&link.code, &link.url);
-            link.url.into()
+            let url = validate::normalise(&link.url).map_err(|reason| {
+                let code = link.code.clone();
+                ApiError::Internal(UnredirectableLink { code, reason }.into())
+            })?;
+            cache.insert(&link.code, &url);
+            url.into()
         }
     };
+    let location = HeaderValue::from_str(&url).map_err(|error| ApiError::Internal(error.into()))?;
     hits.record(&code);
-    Ok(Redirect::temporary(&url))
+    Ok((StatusCode::TEMPORARY_REDIRECT, [(LOCATION, location)]).into_response())
+}
+
+/// A stored link whose URL cannot be sent in a `Location` header; logged as
+/// the cause of a 500, never sent to the client.
+#[derive(Debug, thiserror::Error)]
+#[error("the stored URL of link '{code}' cannot be redirected to: {reason}")]
+struct UnredirectableLink {
+    code: String,
+    reason: String,
 }
 
 pub(crate) fn not_found(code: &str) -> ApiError {

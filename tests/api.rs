@@ -9,7 +9,7 @@ use axum::routing::get;
 use axum::Router;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use hyper::header::LOCATION;
+use hyper::header::{CONTENT_LENGTH, LOCATION};
 use hyper::service::Service as _;
 use hyper::{Request, StatusCode};
 use lameduck::http::{self, AppState, GuardMetrics, HttpLimits, HttpMetrics, Startup};
@@ -83,7 +83,11 @@ impl TestApp {
         }
     }
 
-    async fn send(&self, request: Request<Full<Bytes>>) -> Answer {
+    async fn send<B>(&self, request: Request<B>) -> Answer
+    where
+        B: hyper::body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
         let response = self.service.call(request).await.expect("infallible");
         let status = response.status();
         let headers = response.headers().clone();
@@ -418,6 +422,41 @@ fn the_create_handler_answers_any_json_with_201_or_a_json_4xx() {
             Ok(())
         })
         .expect("property holds");
+}
+
+// === announced bodies over the limit ===
+
+// Gap: a body announced larger than `--max-body-bytes` was read until the
+// limit tripped, so a client that announced 10 GB and sent nothing held
+// the request until the request timeout. It is refused with 413 before the
+// body is polled at all: here the body never yields a byte, and the answer
+// still comes at once.
+#[tokio::test]
+async fn a_body_announced_over_the_limit_gets_413_without_being_read() {
+    let app = TestApp::new().await;
+    let never = axum::body::Body::from_stream(futures_util::stream::pending::<
+        Result<Bytes, std::convert::Infallible>,
+    >());
+    let request = Request::post("/api/links")
+        .header("content-type", "application/json")
+        .header(CONTENT_LENGTH, "10000000000")
+        .body(never)
+        .expect("request");
+    let answer = tokio::time::timeout(Duration::from_secs(5), app.send(request))
+        .await
+        .expect("answered before the body arrived");
+    assert_json_error(&answer, StatusCode::PAYLOAD_TOO_LARGE, "10000000000 bytes");
+    assert_json_error(&answer, StatusCode::PAYLOAD_TOO_LARGE, "limit of 4096");
+
+    // At the limit, the body is read as before.
+    let body = json!({ "url": "https://example.com/", "code": "fits" }).to_string();
+    let padded = format!("{body:<4096}");
+    let request = Request::post("/api/links")
+        .header("content-type", "application/json")
+        .header(CONTENT_LENGTH, padded.len())
+        .body(Full::new(Bytes::from(padded)))
+        .expect("request");
+    assert_eq!(app.send(request).await.status, StatusCode::CREATED);
 }
 
 // === stored URLs redirect ===

@@ -13,6 +13,7 @@
 
 mod support;
 
+use std::convert::Infallible;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -20,6 +21,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Bytes;
+use hyper::client::conn::http2;
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use nix::sys::signal::Signal;
 use sqlx::postgres::PgConnection;
 use sqlx::sqlite::SqliteConnection;
@@ -471,6 +479,61 @@ fn h2_idle_until_closed(
     }
 }
 
+// === hyper's HTTP/2 client ===
+
+/// A request body for [`h2_client`]'s requests.
+type H2Body = BoxBody<Bytes, Infallible>;
+
+/// A connection from hyper's HTTP/2 client (prior knowledge), as real
+/// clients (reqwest, h2load) open it: every request carries `:authority`
+/// when its URI has one. Runs on the caller's runtime.
+async fn h2_client(addr: SocketAddr) -> http2::SendRequest<H2Body> {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect for HTTP/2");
+    let (sender, connection) = tokio::time::timeout(
+        PATIENCE,
+        http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)),
+    )
+    .await
+    .expect("HTTP/2 handshake in time")
+    .expect("HTTP/2 handshake");
+    tokio::spawn(connection);
+    sender
+}
+
+/// Sends `request` on `sender`; returns the status, the body and how long
+/// the response head took. The whole exchange must end within [`PATIENCE`].
+async fn h2_send(
+    sender: &mut http2::SendRequest<H2Body>,
+    request: Request<H2Body>,
+) -> (u16, Vec<u8>, Duration) {
+    let started = Instant::now();
+    let response = tokio::time::timeout(PATIENCE, sender.send_request(request))
+        .await
+        .expect("an HTTP/2 response head in time")
+        .expect("an HTTP/2 response");
+    let took = started.elapsed();
+    let status = response.status().as_u16();
+    let body = tokio::time::timeout(PATIENCE, response.into_body().collect())
+        .await
+        .expect("the HTTP/2 response body in time")
+        .expect("the HTTP/2 response body")
+        .to_bytes()
+        .to_vec();
+    (status, body, took)
+}
+
+/// An HTTP/2 answer as a [`RawResponse`], for [`assert_json_error`]: the
+/// JSON errors here are always `application/json`.
+fn h2_as_raw(status: u16, body: Vec<u8>) -> RawResponse {
+    RawResponse {
+        status,
+        headers: vec![("content-type".to_owned(), "application/json".to_owned())],
+        body,
+    }
+}
+
 // === body limit ===
 
 // Gap: a body over `--max-body-bytes` must be refused with 413 and a JSON
@@ -510,6 +573,105 @@ fn a_body_over_the_limit_gets_413_with_a_json_error() {
     assert_eq!(response.status, 201, "a body under the limit: {response:?}");
     assert_eq!(server.stored(), (1, 1));
     server.assert_serving("bodies over the limit");
+}
+
+// Gap: a body announced over `--max-body-bytes` was read until the limit
+// tripped. `Content-Length: 10000000000` with no body went unanswered until
+// `--request-timeout` (30 s), holding a slot under
+// `--max-concurrent-requests` all along, so a handful of such clients shed
+// every normal one; `Expect: 100-continue` with 10 MB got `100 Continue`.
+// Both must get 413 with a JSON error at once, before any body is read: no
+// `100 Continue`, `Connection: close` and the connection closed, over
+// HTTP/1.1 and HTTP/2 alike, and a normal client sent meanwhile is served.
+// A body under the limit with `Expect: 100-continue` still gets `100
+// Continue` and is stored.
+#[test]
+fn a_body_announced_over_the_limit_gets_413_at_once_without_100_continue() {
+    let mut server = Server::start(&[
+        "--max-body-bytes",
+        "1024",
+        "--max-concurrent-requests",
+        "2",
+        "--request-timeout",
+        "30s",
+    ]);
+    let addr = server.addr();
+    let head = |expect: &str, length: u64| {
+        format!(
+            "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n\
+             {expect}Content-Length: {length}\r\n\r\n"
+        )
+    };
+    let cases = [
+        ("10 GB announced, nothing sent", "", 10_000_000_000_u64),
+        (
+            "10 MB announced with Expect: 100-continue",
+            "Expect: 100-continue\r\n",
+            10 << 20,
+        ),
+    ];
+    // Three of each, twice the concurrency limit, sent before any answer is
+    // read; then a normal client.
+    let mut waiting = Vec::new();
+    for (case, expect, length) in cases.iter().cycle().take(6) {
+        let mut stream = connect(addr);
+        stream
+            .write_all(head(expect, *length).as_bytes())
+            .expect("send the head");
+        waiting.push((*case, *length, stream, Instant::now()));
+    }
+    let normal = post_json(addr, &link_body("normal"));
+    assert_eq!(normal.status, 201, "a normal client: {normal:?}");
+
+    for (case, length, mut stream, sent) in waiting {
+        let response = read_response(&mut stream).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let took = sent.elapsed();
+        // A `100 Continue` would be the first response read here.
+        let message = assert_json_error(&response, 413, case);
+        assert!(
+            message.contains(&format!("{length} bytes")) && message.contains("limit of 1024"),
+            "{case}: {message}"
+        );
+        assert!(took < QUICKLY, "{case}: answered after {took:?}");
+        assert!(response.closes_connection(), "{case}: {response:?}");
+        assert!(
+            wait_for_eof(&mut stream, FEW_SECONDS).expect("read"),
+            "{case}: the connection stayed open"
+        );
+    }
+
+    // HTTP/2: the same refusal, while the body never yields a byte.
+    runtime().block_on(async {
+        let mut sender = h2_client(addr).await;
+        let never = StreamBody::new(futures_util::stream::pending::<
+            Result<hyper::body::Frame<Bytes>, Infallible>,
+        >())
+        .boxed();
+        let request = Request::post(format!("http://{addr}/api/links"))
+            .header(CONTENT_TYPE, "application/json")
+            .header(CONTENT_LENGTH, 10 << 20)
+            .body(never)
+            .expect("request");
+        let (status, body, took) = h2_send(&mut sender, request).await;
+        let message = assert_json_error(&h2_as_raw(status, body), 413, "HTTP/2, 10 MB");
+        assert!(message.contains("limit of 1024"), "{message}");
+        assert!(took < QUICKLY, "HTTP/2: answered after {took:?}");
+    });
+
+    // Under the limit, `Expect: 100-continue` works as before.
+    let body = link_body("continued");
+    let mut stream = connect(addr);
+    stream
+        .write_all(head("Expect: 100-continue\r\n", body.len() as u64).as_bytes())
+        .expect("send the head");
+    let interim = read_response(&mut stream).expect("100 Continue");
+    assert_eq!(interim.status, 100, "{interim:?}");
+    stream.write_all(body.as_bytes()).expect("send the body");
+    let created = read_response(&mut stream).expect("the answer");
+    assert_eq!(created.status, 201, "{created:?}");
+
+    assert_eq!(server.stored(), (2, 2), "only the two normal links");
+    server.assert_serving("bodies announced over the limit");
 }
 
 // === slow clients ===

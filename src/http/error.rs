@@ -33,6 +33,15 @@ pub enum ApiError {
     /// A dependency is unavailable; retry later (503).
     #[error("{0}")]
     Unavailable(String),
+    /// The request announces a body (Content-Length) larger than the limit
+    /// (413), refused before any of it is read.
+    #[error("request body of {announced} bytes is larger than the limit of {limit} bytes")]
+    BodyTooLarge {
+        /// The size the request announced.
+        announced: u64,
+        /// `--max-body-bytes`.
+        limit: usize,
+    },
     /// The request was refused before the handler ran (payload too large,
     /// unreadable body): the extractor's status and message.
     #[error("{message}")]
@@ -60,6 +69,7 @@ impl ApiError {
                 StatusCode::from_u16(499).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
             }
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Rejected { status, .. } => *status,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

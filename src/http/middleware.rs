@@ -5,9 +5,10 @@ use std::any::Any;
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::body::HttpBody as _;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
-use axum::http::{HeaderValue, Response, StatusCode};
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderValue, Response, StatusCode, Version};
 use axum::middleware::Next;
 use axum::response::IntoResponse;
 use axum::BoxError;
@@ -76,6 +77,56 @@ pub async fn timeout(
                 .into_response()
         }
     }
+}
+
+/// Refuses with 413 a request that announces a body larger than `limit`
+/// (its `Content-Length`, or the size its body reports), before any of the
+/// body is read.
+///
+/// The limit inside the handlers (axum's `DefaultBodyLimit`) acts only on
+/// bytes it has read: a client that announced 10 GB and sent nothing held
+/// its request until the request timeout, and one that sent `Expect:
+/// 100-continue` was told to go ahead. Answering before the body is polled
+/// means hyper never sends `100 Continue`; on HTTP/1 the answer says
+/// `Connection: close`, and hyper closes rather than read the unwanted
+/// body. A body of unannounced size (chunked HTTP/1.1, HTTP/2 without
+/// `content-length`) is still cut by `DefaultBodyLimit` as it passes the
+/// limit.
+pub async fn refuse_oversized_body(
+    State(limit): State<usize>,
+    request: Request,
+    next: Next,
+) -> Response<Body> {
+    let announced = announced_body_size(&request);
+    if announced > u64::try_from(limit).unwrap_or(u64::MAX) {
+        let mut response = ApiError::BodyTooLarge { announced, limit }.into_response();
+        if request.version() < Version::HTTP_2 {
+            // hyper closes the connection anyway rather than read the body
+            // it was never asked for; say so, as RFC 9112 §9.6 asks.
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        return response;
+    }
+    next.run(request).await
+}
+
+/// The largest body size `request` announces: every `Content-Length` value
+/// (hyper has already refused HTTP/1.1 requests whose values disagree or
+/// are not numbers), and the body's own lower bound, which hyper sets from
+/// the header on HTTP/1.1 and HTTP/2 alike.
+fn announced_body_size(request: &Request) -> u64 {
+    let declared = request
+        .headers()
+        .get_all(CONTENT_LENGTH)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|length| length.trim().parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    declared.max(request.body().size_hint().lower())
 }
 
 /// The answer to a request shed by the concurrency limit: 503 at once, with
@@ -166,5 +217,30 @@ pub fn on_response(response: &Response<Body>, latency: Duration, span: &Span) {
         tracing::warn!(status, ?latency, "request failed");
     } else {
         tracing::debug!(status, ?latency, "request finished");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_announced_body_size_is_the_largest_of_the_header_and_the_body() {
+        let with_length = |length: &str, body: Body| {
+            axum::http::Request::builder()
+                .header(CONTENT_LENGTH, length)
+                .body(body)
+                .expect("request")
+        };
+        let huge = with_length("10000000000", Body::empty());
+        assert_eq!(announced_body_size(&huge), 10_000_000_000);
+        let folded = with_length("7, 7", Body::empty());
+        assert_eq!(announced_body_size(&folded), 7);
+        let unannounced = axum::http::Request::new(Body::from(vec![0; 100]));
+        assert_eq!(announced_body_size(&unannounced), 100);
+        assert_eq!(
+            announced_body_size(&axum::http::Request::new(Body::empty())),
+            0
+        );
     }
 }

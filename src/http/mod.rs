@@ -82,7 +82,8 @@ pub struct AppState {
 /// The limits the router enforces, each answering with a clear JSON error.
 #[derive(Clone, Copy, Debug)]
 pub struct HttpLimits {
-    /// Largest request body, in bytes (413 past it).
+    /// Largest request body, in bytes: 413 past it, at once and before any
+    /// of the body is read if its size is announced.
     pub max_body_bytes: usize,
     /// Time to produce a response head (503 past it; the request's token
     /// fires).
@@ -108,6 +109,10 @@ pub fn operational_routes() -> Router<AppState> {
 
 /// Puts API routes under the body limit and the shared concurrency limit
 /// (shedding past it).
+///
+/// A body announced larger than the limit is refused first, before it is
+/// read and before the request takes a slot under the concurrency limit;
+/// one of unannounced size is cut by `DefaultBodyLimit` as it is read.
 pub fn limited(api: Router<AppState>, state: &AppState, limits: HttpLimits) -> Router<AppState> {
     let shed_metrics = state.guard_metrics.clone();
     api.layer(DefaultBodyLimit::max(limits.max_body_bytes))
@@ -122,6 +127,10 @@ pub fn limited(api: Router<AppState>, state: &AppState, limits: HttpLimits) -> R
                     limits.max_concurrent_requests,
                 )),
         )
+        .layer(from_fn_with_state(
+            limits.max_body_bytes,
+            middleware::refuse_oversized_body,
+        ))
 }
 
 /// Wraps `routes` in the middleware every request goes through: JSON 404

@@ -9,9 +9,9 @@ use axum::routing::get;
 use axum::Router;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use hyper::header::{CONTENT_LENGTH, LOCATION};
+use hyper::header::{HeaderValue, CONTENT_LENGTH, HOST, LOCATION};
 use hyper::service::Service as _;
-use hyper::{Request, StatusCode};
+use hyper::{Request, StatusCode, Version};
 use lameduck::http::{self, AppState, GuardMetrics, HttpLimits, HttpMetrics, Startup};
 use lameduck::lifecycle::{LifecycleMetrics, Scoped, Shutdown};
 use lameduck::links::cache::LinkCache;
@@ -83,7 +83,23 @@ impl TestApp {
         }
     }
 
-    async fn send<B>(&self, request: Request<B>) -> Answer
+    /// Sends `request`, with a `Host` header if it has none: an HTTP/1.1
+    /// request without one is refused (RFC 9112 §3.2).
+    async fn send<B>(&self, mut request: Request<B>) -> Answer
+    where
+        B: hyper::body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
+        if !request.headers().contains_key(HOST) {
+            request
+                .headers_mut()
+                .insert(HOST, HeaderValue::from_static("lameduck.test"));
+        }
+        self.send_as_is(request).await
+    }
+
+    /// Sends `request` exactly as built.
+    async fn send_as_is<B>(&self, request: Request<B>) -> Answer
     where
         B: hyper::body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<axum::BoxError>,
@@ -422,6 +438,80 @@ fn the_create_handler_answers_any_json_with_201_or_a_json_4xx() {
             Ok(())
         })
         .expect("property holds");
+}
+
+// === the Host header (RFC 9112 §3.2) ===
+
+// Gap: hyper answers HTTP/1.1 requests without a Host header, or with two,
+// like any other; RFC 9112 §3.2 requires 400. Every route refuses them
+// with a JSON error, operational ones included, while HTTP/1.0 may omit
+// the header and HTTP/2 may name the host in :authority only.
+#[tokio::test]
+async fn http11_requests_without_exactly_one_host_get_a_json_400_on_every_route() {
+    let app = TestApp::new().await;
+    assert_eq!(
+        app.create(json!({ "url": "https://example.com/", "code": "known" }))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    let build = |method: &str, path: &str, version: Version, hosts: &[&str]| {
+        let mut request = Request::builder().method(method).uri(path).version(version);
+        for host in hosts {
+            request = request.header(HOST, *host);
+        }
+        request
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(
+                br#"{"url":"https://example.com/"}"#,
+            )))
+            .expect("request")
+    };
+    let routes = [
+        ("GET", "/healthz"),
+        ("GET", "/readyz"),
+        ("GET", "/metrics"),
+        ("POST", "/api/links"),
+        ("GET", "/api/links/known"),
+        ("GET", "/known"),
+        ("GET", "/no/such/route"),
+    ];
+    for (method, path) in routes {
+        let missing = app
+            .send_as_is(build(method, path, Version::HTTP_11, &[]))
+            .await;
+        assert_json_error(&missing, StatusCode::BAD_REQUEST, "Host header");
+        let two = app
+            .send_as_is(build(method, path, Version::HTTP_11, &["a", "b"]))
+            .await;
+        assert_json_error(&two, StatusCode::BAD_REQUEST, "not several");
+        let invalid = app
+            .send_as_is(build(method, path, Version::HTTP_11, &["user@lameduck"]))
+            .await;
+        assert_json_error(&invalid, StatusCode::BAD_REQUEST, "Host header");
+    }
+    // None of the refused redirects counted a hit, and no POST stored a
+    // link: the only link is the one created above.
+    let info = app.get("/api/links/known").await;
+    assert_eq!(info.body["hits"], 0, "{info:?}");
+
+    let http10 = app
+        .send_as_is(build("GET", "/healthz", Version::HTTP_10, &[]))
+        .await;
+    assert_eq!(http10.status, StatusCode::OK, "{http10:?}");
+    let h2 = app
+        .send_as_is(build(
+            "GET",
+            "http://lameduck.test/healthz",
+            Version::HTTP_2,
+            &[],
+        ))
+        .await;
+    assert_eq!(h2.status, StatusCode::OK, "{h2:?}");
+    let h2_without = app
+        .send_as_is(build("GET", "/healthz", Version::HTTP_2, &[]))
+        .await;
+    assert_json_error(&h2_without, StatusCode::BAD_REQUEST, ":authority");
 }
 
 // === announced bodies over the limit ===

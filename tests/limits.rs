@@ -22,7 +22,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::Bytes;
 use hyper::client::conn::http2;
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE};
@@ -1505,6 +1505,87 @@ fn invalid_json_wrong_content_type_and_invalid_utf8_get_clear_4xx_json_errors() 
         404,
         "the rejected link",
     );
+}
+
+// Gap: hyper answers HTTP/1.1 requests without a Host header, or with two,
+// like any other (RFC 9112 §3.2 requires 400): `GET /healthz` answered 200,
+// and a POST could store a link, for a request no client sends and that a
+// confused proxy or a smuggling attempt produces. Every route must refuse
+// it with a JSON 400 and count and store nothing, while HTTP/1.0 without
+// Host, and HTTP/2 from hyper's client (which sends :authority, not Host),
+// are served; an HTTP/2 request with neither is refused too.
+#[test]
+fn http11_requests_without_exactly_one_host_get_400_on_every_route() {
+    let mut server = Server::start(&[]);
+    let addr = server.addr();
+    assert_eq!(post_json(addr, &link_body("before")).status, 201);
+    let before = server.stored();
+    let exchange = |request: &str, case: &str| {
+        let mut stream = connect(addr);
+        stream.write_all(request.as_bytes()).expect("send");
+        read_response(&mut stream).unwrap_or_else(|e| panic!("{case}: {e}"))
+    };
+    let link = link_body("hostless");
+    let hosts = [
+        ("no Host", ""),
+        ("two Hosts", "Host: a\r\nHost: b\r\n"),
+        (
+            "the same Host twice",
+            "Host: lameduck\r\nHost: lameduck\r\n",
+        ),
+        ("a Host with userinfo", "Host: user@lameduck\r\n"),
+    ];
+    let paths = [
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/api/links/before",
+        "/before",
+        "/nope/nope",
+    ];
+    for (hosts_case, host_lines) in hosts {
+        for path in paths {
+            let case = format!("GET {path} with {hosts_case}");
+            let response = exchange(&format!("GET {path} HTTP/1.1\r\n{host_lines}\r\n"), &case);
+            let message = assert_json_error(&response, 400, &case);
+            assert!(message.contains("Host header"), "{case}: {message}");
+        }
+        let case = format!("POST /api/links with {hosts_case}");
+        let request = format!(
+            "POST /api/links HTTP/1.1\r\n{host_lines}Content-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{link}",
+            link.len()
+        );
+        assert_json_error(&exchange(&request, &case), 400, &case);
+    }
+    assert_eq!(server.stored(), before, "a request without a Host stored");
+    let info = fresh_get(addr, "/api/links/before");
+    assert_eq!(info.json()["hits"], 0, "a refused redirect counted a hit");
+
+    let response = exchange("GET /healthz HTTP/1.0\r\n\r\n", "HTTP/1.0");
+    assert_eq!(response.status, 200, "HTTP/1.0 without Host: {response:?}");
+
+    runtime().block_on(async {
+        let mut sender = h2_client(addr).await;
+        let get = |uri: String| {
+            Request::get(uri)
+                .body(Empty::new().boxed())
+                .expect("request")
+        };
+        let (status, body, _) = h2_send(&mut sender, get(format!("http://{addr}/healthz"))).await;
+        assert_eq!(status, 200, "HTTP/2 with :authority: {body:?}");
+        let create = Request::post(format!("http://{addr}/api/links"))
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(link_body("over-h2"))).boxed())
+            .expect("request");
+        let (status, body, _) = h2_send(&mut sender, create).await;
+        assert_eq!(status, 201, "HTTP/2 POST: {body:?}");
+        // A relative URI: hyper's client sends no :authority.
+        let (status, body, _) = h2_send(&mut sender, get("/healthz".to_owned())).await;
+        let message = assert_json_error(&h2_as_raw(status, body), 400, "HTTP/2 without host");
+        assert!(message.contains(":authority"), "{message}");
+    });
+    server.assert_serving("requests without a Host");
 }
 
 // Gap: `POST /api/links` accepted a URL with a control character (CR LF,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::body::HttpBody as _;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER};
 use axum::http::{HeaderValue, Response, StatusCode, Version};
 use axum::middleware::Next;
 use axum::response::IntoResponse;
@@ -77,6 +77,74 @@ pub async fn timeout(
                 .into_response()
         }
     }
+}
+
+/// Refuses with 400 a request that does not say, once and validly, which
+/// host it is for, as RFC 9112 §3.2 requires of a server: an HTTP/1.1
+/// request without a `Host` header, any request with more than one, or one
+/// whose value is not `host[:port]`. HTTP/1.0 may omit it. HTTP/2 names the
+/// host in `:authority` (hyper puts it in the URI), so a request there is
+/// refused only if it has neither.
+///
+/// hyper checks none of this, and a request without a host is how a
+/// confused proxy or a smuggled request looks; answering it would hide the
+/// fault.
+pub async fn require_host(request: Request, next: Next) -> Response<Body> {
+    match host_problem(&request) {
+        Some(problem) => ApiError::BadRequest(problem.to_owned()).into_response(),
+        None => next.run(request).await,
+    }
+}
+
+/// What is wrong with `request`'s host, if anything.
+fn host_problem<B>(request: &axum::http::Request<B>) -> Option<&'static str> {
+    let mut hosts = request.headers().get_all(HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Some("the request must have one Host header, not several");
+    }
+    let version = request.version();
+    match host {
+        Some(host) if !is_host_and_port(host.as_bytes()) => {
+            Some("the Host header must be a host name or address with an optional port")
+        }
+        Some(_) => None,
+        None if version == Version::HTTP_11 => Some("an HTTP/1.1 request must have a Host header"),
+        None if matches!(version, Version::HTTP_2 | Version::HTTP_3)
+            && request.uri().authority().is_none() =>
+        {
+            Some("an HTTP/2 request must have an :authority or a Host header")
+        }
+        None => None,
+    }
+}
+
+/// Whether `value` is `uri-host [":" port]` (RFC 9110 §7.2). Empty is valid:
+/// it is what a client sends for a target without an authority.
+fn is_host_and_port(value: &[u8]) -> bool {
+    let is_name_byte = |b: &u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(b);
+    let (host, port) = if value.first() == Some(&b'[') {
+        // An IP literal: the brackets hold no host name, and a ':' inside
+        // them is not the port's.
+        let Some(close) = value.iter().position(|&b| b == b']') else {
+            return false;
+        };
+        let literal = &value[1..close];
+        if !literal.iter().all(|b| is_name_byte(b) || *b == b':') {
+            return false;
+        }
+        match &value[close + 1..] {
+            [] => return true,
+            [b':', port @ ..] => (&[][..], port),
+            _ => return false,
+        }
+    } else {
+        match value.iter().rposition(|&b| b == b':') {
+            Some(colon) => (&value[..colon], &value[colon + 1..]),
+            None => (value, &[][..]),
+        }
+    };
+    host.iter().all(is_name_byte) && port.iter().all(u8::is_ascii_digit)
 }
 
 /// Refuses with 413 a request that announces a body larger than `limit`
@@ -223,6 +291,68 @@ pub fn on_response(response: &Response<Body>, latency: Duration, span: &Span) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn request(version: Version, uri: &str, hosts: &[&str]) -> Request {
+        let mut builder = axum::http::Request::builder().version(version).uri(uri);
+        for host in hosts {
+            builder = builder.header(HOST, *host);
+        }
+        builder.body(Body::empty()).expect("request")
+    }
+
+    #[test]
+    fn an_http11_request_needs_exactly_one_valid_host() {
+        let v11 = Version::HTTP_11;
+        assert_eq!(host_problem(&request(v11, "/", &["lameduck"])), None);
+        let missing = host_problem(&request(v11, "/", &[])).expect("refused");
+        assert!(missing.contains("must have a Host"), "{missing}");
+        let two = host_problem(&request(v11, "/", &["a", "a"])).expect("refused");
+        assert!(two.contains("not several"), "{two}");
+        // An absolute-form target does not excuse a missing Host.
+        assert!(host_problem(&request(v11, "http://lameduck/", &[])).is_some());
+        assert!(host_problem(&request(v11, "/", &["a b"])).is_some());
+    }
+
+    #[test]
+    fn http10_may_omit_the_host_and_http2_may_carry_it_in_the_authority() {
+        assert_eq!(host_problem(&request(Version::HTTP_10, "/", &[])), None);
+        assert!(host_problem(&request(Version::HTTP_10, "/", &["a", "b"])).is_some());
+        let h2 = Version::HTTP_2;
+        assert_eq!(host_problem(&request(h2, "http://lameduck/", &[])), None);
+        assert_eq!(host_problem(&request(h2, "/", &["lameduck"])), None);
+        let neither = host_problem(&request(h2, "/", &[])).expect("refused");
+        assert!(neither.contains(":authority"), "{neither}");
+        assert!(host_problem(&request(h2, "http://lameduck/", &["a", "b"])).is_some());
+    }
+
+    #[test]
+    fn host_values_are_a_host_and_an_optional_port() {
+        for valid in [
+            "lameduck",
+            "lameduck.test:8080",
+            "127.0.0.1:0",
+            "[::1]",
+            "[::1]:8080",
+            "xn--bcher-kva.example",
+            "under_score",
+            "",
+        ] {
+            assert!(is_host_and_port(valid.as_bytes()), "{valid:?}");
+        }
+        for invalid in [
+            "a b",
+            "user@lameduck",
+            "lameduck:http",
+            "a:1:2",
+            "[::1",
+            "[::1]x",
+            "[::1]:x",
+            "a/b",
+            "ünï",
+        ] {
+            assert!(!is_host_and_port(invalid.as_bytes()), "{invalid:?}");
+        }
+    }
 
     #[test]
     fn the_announced_body_size_is_the_largest_of_the_header_and_the_body() {

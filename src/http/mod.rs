@@ -134,8 +134,12 @@ pub fn limited(api: Router<AppState>, state: &AppState, limits: HttpLimits) -> R
 }
 
 /// Wraps `routes` in the middleware every request goes through: JSON 404
-/// and 405, request timeout, panic catching, JSON error bodies, metrics,
-/// request ids and the request span.
+/// and 405, request timeout, panic catching, JSON error bodies, the Host
+/// check, metrics, request ids and the request span.
+///
+/// The Host check applies to requests built in process too: a test that
+/// sends an HTTP/1.1 request (the default version of `Request::builder`)
+/// through this router must give it a `Host` header.
 pub fn with_middleware(routes: Router<AppState>, state: AppState, limits: HttpLimits) -> Router {
     let panic_metrics = state.guard_metrics.clone();
     let timeout = middleware::Timeout {
@@ -151,6 +155,7 @@ pub fn with_middleware(routes: Router<AppState>, state: AppState, limits: HttpLi
             middleware::panic_response(&panic_metrics, panic)
         }))
         .layer(from_fn(middleware::json_errors))
+        .layer(from_fn(middleware::require_host))
         .layer(from_fn_with_state(
             state.http_metrics.clone(),
             metrics::track,

@@ -529,6 +529,7 @@ async fn cut_link_creation_at_every_await_point(cut: Cut) {
     let parts = app.into_parts();
     let create = |code: &str| {
         Request::post("/api/links")
+            .header("host", "lameduck.test")
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(format!(
                 r#"{{"url":"https://example.com/{code}","code":"{code}"}}"#

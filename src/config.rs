@@ -100,6 +100,13 @@ pub struct ServerConfig {
     #[arg(long, env = "LAMEDUCK_MAX_BODY_BYTES", default_value_t = 64 * 1024)]
     pub max_body_bytes: usize,
 
+    /// How long a client may take to send a request's whole body, counted
+    /// from the end of its head; then 408. Bodies are read before a request
+    /// takes a slot under `--max-concurrent-requests`, so a slow upload holds
+    /// a connection for at most this long and never a slot.
+    #[arg(long, env = "LAMEDUCK_BODY_READ_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub body_read_timeout: Duration,
+
     /// How long a client may take to send a request's headers (HTTP/1;
     /// cuts off slowloris clients).
     #[arg(long, env = "LAMEDUCK_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration, value_name = "DURATION")]
@@ -151,6 +158,7 @@ impl ServerConfig {
             max_body_bytes: self.max_body_bytes,
             request_timeout: self.request_timeout,
             max_concurrent_requests: self.max_concurrent_requests as usize,
+            body_read_timeout: self.body_read_timeout,
         }
     }
 

@@ -28,6 +28,7 @@ const LIMITS: HttpLimits = HttpLimits {
     max_body_bytes: 4096,
     request_timeout: Duration::from_secs(10),
     max_concurrent_requests: 64,
+    body_read_timeout: Duration::from_secs(10),
 };
 
 /// The app's router on a fresh SQLite database, behind the lifecycle's

@@ -1020,7 +1020,12 @@ async fn a_spill_reaches_the_next_container_through_a_named_volume() {
             (name, base)
         }
     };
-    let http = client();
+    // Redirects are counted, not followed.
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client");
 
     // A lame duck long enough for the second signal to arrive in it.
     let (first, base) = run("spills", "30s").await;

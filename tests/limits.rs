@@ -964,18 +964,24 @@ fn at_the_connection_limit_new_connections_wait_instead_of_failing() {
 
 // === concurrency limit ===
 
-// Gap: past `--max-concurrent-requests`, API requests must be shed at once
-// with 503, `Retry-After` and a JSON error rather than queued, while
-// health, readiness and metrics are never shed; once the load is gone, API
-// requests succeed again.
+// Gap: past `--max-concurrent-requests` API requests must be shed at once
+// with 503 and `Retry-After`, never queued, while health, readiness and
+// metrics keep answering. The slots are held by link creations blocked on
+// a table lock (a slow body no longer holds one: see the next test).
 #[test]
 fn past_the_concurrency_limit_api_requests_are_shed_with_503_and_retry_after() {
-    let mut server = Server::start(&["--max-concurrent-requests", "2"]);
+    let cluster = PgCluster::start();
+    let url = cluster.url();
+    let mut server = LameduckProcess::start(
+        &["--database-url", &url, "--max-concurrent-requests", "2"],
+        &[],
+    );
     let addr = server.addr();
-    let bodies = [link_body("held-1"), link_body("held-2")];
-    let mut held: Vec<TcpStream> = bodies
-        .iter()
-        .map(|body| start_slow_post(addr, body))
+    let mut locker = Sql::connect(&url);
+    locker.execute("BEGIN; LOCK TABLE links IN ACCESS EXCLUSIVE MODE");
+    let held: Vec<thread::JoinHandle<RawResponse>> = ["held-1", "held-2"]
+        .into_iter()
+        .map(|code| thread::spawn(move || post_json(addr, &link_body(code))))
         .collect();
     wait_in_flight(addr, 2);
 
@@ -992,9 +998,9 @@ fn past_the_concurrency_limit_api_requests_are_shed_with_503_and_retry_after() {
         assert_eq!(response.status, 200, "{path} at the limit: {response:?}");
     }
 
-    for (stream, body) in held.iter_mut().zip(&bodies) {
-        finish_slow_post(stream, body);
-        let response = read_response(stream).expect("a held request is answered");
+    locker.execute("ROLLBACK");
+    for held in held {
+        let response = held.join().expect("a held request is answered");
         assert_eq!(response.status, 201, "{response:?}");
     }
     let response = fresh_get(addr, "/api/links/held-1");
@@ -1005,8 +1011,101 @@ fn past_the_concurrency_limit_api_requests_are_shed_with_503_and_retry_after() {
         shed.is_some_and(|n| n >= 2.0),
         "requests_shed_total: {shed:?}"
     );
-    assert_eq!(server.stored(), (2, 2));
-    server.assert_serving("shedding");
+    let mut observer = Sql::connect(&url);
+    assert_eq!(observer.count("SELECT count(*) FROM links"), 2);
+    server.signal(Signal::SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+}
+
+// Gap: slowhttptest -B (headers sent, body trickled) used to fill every
+// concurrency slot with requests waiting for their bodies, and every API
+// route answered 503. Bodies are now read before a request takes a slot:
+// far more slow uploads than slots, and a normal client's redirects and
+// link creations still succeed.
+#[test]
+fn slow_bodies_hold_no_concurrency_slot_and_normal_clients_keep_being_served() {
+    let mut server = Server::start(&["--max-concurrent-requests", "2"]);
+    let addr = server.addr();
+    let code = {
+        let response = post_json(addr, &link_body("served"));
+        assert_eq!(response.status, 201, "{response:?}");
+        "served"
+    };
+    let slow: Vec<TcpStream> = (0..40)
+        .map(|i| start_slow_post(addr, &link_body(&format!("slow-{i}"))))
+        .collect();
+    wait_in_flight(addr, 40);
+
+    for i in 0..10 {
+        let started = Instant::now();
+        let response = fresh_get(addr, &format!("/{code}"));
+        assert_eq!(
+            response.status, 307,
+            "redirect {i} under slow bodies: {response:?}"
+        );
+        let response = post_json(addr, &link_body(&format!("normal-{i}")));
+        assert_eq!(
+            response.status, 201,
+            "creation {i} under slow bodies: {response:?}"
+        );
+        assert!(started.elapsed() < QUICKLY, "{:?}", started.elapsed());
+    }
+    let text = metrics(addr);
+    assert_eq!(
+        metric(&text, "lameduck_requests_shed_total"),
+        Some(0.0),
+        "{text}"
+    );
+    drop(slow);
+    assert_eq!(server.stored(), (11, 11));
+    server.assert_serving("40 slow bodies");
+}
+
+// Gap: a body that stops arriving was answered 503 after the 30 s request
+// timeout, as if the server were at fault. The client is: it gets 408 with
+// a JSON body after `--body-read-timeout`, the connection closes (the rest
+// of the body must not be read as a request), and it is not a server error.
+#[test]
+fn a_stalled_body_gets_408_with_a_json_error_after_the_body_read_timeout() {
+    let mut server = Server::start(&["--body-read-timeout", "1s"]);
+    let addr = server.addr();
+    let body = link_body("stalled");
+    let started = Instant::now();
+    let mut stalled = start_slow_post(addr, &body);
+    let response = read_response(&mut stalled).expect("an answer to the stalled body");
+    let took = started.elapsed();
+    let message = assert_json_error(&response, 408, "a stalled body");
+    assert!(message.contains("not received within 1s"), "{message}");
+    assert!(response.closes_connection(), "{response:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < FEW_SECONDS,
+        "answered after {took:?} with a 1 s body read timeout"
+    );
+    assert!(
+        wait_for_eof(&mut stalled, PATIENCE).expect("read to the end"),
+        "the connection closes after the 408"
+    );
+
+    let text = metrics(addr);
+    let server_errors: Vec<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("lameduck_http_requests_total{"))
+        .filter(|line| line.contains("status=\"5"))
+        .collect();
+    assert!(server_errors.is_empty(), "{server_errors:?}");
+    assert!(
+        text.lines()
+            .any(|line| line.starts_with("lameduck_http_requests_total{")
+                && line.contains("route=\"/api/links\",status=\"4xx\"")),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "lameduck_requests_timed_out_total"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(server.stored(), (0, 0));
+    server.assert_serving("a stalled body");
 }
 
 // === HTTP/2 ===

@@ -1,6 +1,7 @@
 //! The HTTP surface: the router, health and readiness, metrics, and the
 //! JSON error boundary.
 
+pub mod body;
 mod error;
 pub mod metrics;
 pub mod middleware;
@@ -89,8 +90,12 @@ pub struct HttpLimits {
     /// fires).
     pub request_timeout: Duration,
     /// Requests the API routes handle at once (503 with `Retry-After` past
-    /// it, at once; health, readiness and metrics are never shed).
+    /// it, at once; health, readiness and metrics are never shed). A request
+    /// takes a slot only once its body is in: see [`body`].
     pub max_concurrent_requests: usize,
+    /// Time to receive a request's whole body (408 past it), outside the
+    /// concurrency limit: what a slow upload may hold a connection for.
+    pub body_read_timeout: Duration,
 }
 
 /// The whole application router with its production middleware.
@@ -127,6 +132,17 @@ pub fn limited(api: Router<AppState>, state: &AppState, limits: HttpLimits) -> R
                     limits.max_concurrent_requests,
                 )),
         )
+        // Outside the concurrency limit: a slow body holds a connection,
+        // never a slot.
+        .layer(from_fn_with_state(
+            body::BodyReading {
+                max_bytes: limits.max_body_bytes,
+                timeout: limits.body_read_timeout,
+            },
+            body::read_first,
+        ))
+        // Outermost: an announced body over the limit is refused before
+        // any of it is read (no `100 Continue`).
         .layer(from_fn_with_state(
             limits.max_body_bytes,
             middleware::refuse_oversized_body,

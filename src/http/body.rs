@@ -1,0 +1,85 @@
+//! Request bodies are read in full before a request takes a slot under the
+//! API's concurrency limit, within a deadline of their own.
+//!
+//! Why: the concurrency limit (`--max-concurrent-requests`) protects the
+//! handlers and the database pool. A client that sends its headers and
+//! then trickles its body (slowhttptest `-B`) costs neither, but while the
+//! handler's JSON extractor waits for the body it holds a slot: 1,024 such
+//! clients took every slot and every API route answered 503. Reading the
+//! body here, outside the limit, leaves the slots to requests that are
+//! ready to run. Slow bodies then cost only what they really hold — a
+//! connection (bounded by `--max-connections`) and at most
+//! `--max-body-bytes` of memory — for at most `--body-read-timeout`, after
+//! which the client gets 408.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+use super::error::ApiError;
+
+/// How request bodies are read before the concurrency limit.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyReading {
+    /// Largest body, in bytes (413 past it).
+    pub max_bytes: usize,
+    /// Time to receive the whole body, counted from the end of the request
+    /// head (408 past it): what a slow upload may hold a connection for.
+    pub timeout: Duration,
+}
+
+/// Middleware: reads the request body in full, within
+/// [`BodyReading::timeout`] and up to [`BodyReading::max_bytes`], then
+/// hands the request on with the body in memory.
+///
+/// Answers 408 (JSON body, `Connection: close`) when the body does not
+/// arrive in time, 413 when it is larger than the limit, and 400 when the
+/// client breaks the body off (a malformed chunk, a reset).
+pub async fn read_first(
+    State(reading): State<BodyReading>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let limited = Limited::new(body, reading.max_bytes);
+    match tokio::time::timeout(reading.timeout, limited.collect()).await {
+        Ok(Ok(collected)) => {
+            let request = Request::from_parts(parts, Body::from(collected.to_bytes()));
+            next.run(request).await
+        }
+        Ok(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => {
+            ApiError::Rejected {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                message: format!(
+                    "request body is larger than the limit of {} bytes",
+                    reading.max_bytes
+                ),
+            }
+            .into_response()
+        }
+        Ok(Err(error)) => {
+            ApiError::BadRequest(format!("request body could not be read: {error}")).into_response()
+        }
+        Err(_elapsed) => {
+            let mut response = ApiError::Rejected {
+                status: StatusCode::REQUEST_TIMEOUT,
+                message: format!(
+                    "request body not received within {}",
+                    humantime::format_duration(reading.timeout)
+                ),
+            }
+            .into_response();
+            // The rest of the body may still come: it must not be read as
+            // the next request on this connection.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
+    }
+}

@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 
 use crate::config::ServerConfig;
 use crate::http::{self, AppState, GuardMetrics, HttpMetrics, Startup};
+use crate::lifecycle::handoff::Listeners;
 use crate::lifecycle::{self, DrainReport, Phase, Shutdown, StopReport, Workers, LOG_TARGET};
 use crate::links::cache::LinkCache;
 use crate::links::hits::{self, HitCounter};
@@ -38,11 +39,17 @@ pub const POOL_CLOSE_BUDGET: Duration = Duration::from_secs(2);
 /// another replica (or an earlier run) left, and applies them.
 pub const SPILL_SCAN_INTERVAL: Duration = Duration::from_secs(5);
 
-/// The whole finalize phase at its worst: stopping workers plus every
-/// finalizer's budget. Part of [`ServerConfig::shutdown_budget`].
+/// How long the admin listener, closed after the finalizers, lets the probe
+/// and scrape requests in flight finish.
+pub const ADMIN_CLOSE_GRACE: Duration = Duration::from_millis(500);
+
+/// The whole finalize phase at its worst: stopping workers, every
+/// finalizer's budget, and closing the admin listener. Part of
+/// [`ServerConfig::shutdown_budget`].
 pub const FINALIZE_BUDGET: Duration = FLUSHER_STOP_BUDGET
     .saturating_add(FINAL_FLUSH_BUDGET)
-    .saturating_add(POOL_CLOSE_BUDGET);
+    .saturating_add(POOL_CLOSE_BUDGET)
+    .saturating_add(ADMIN_CLOSE_GRACE);
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +96,49 @@ pub struct AppParts {
     pub shutdown: Shutdown,
 }
 
+/// The admin listener and what it serves.
+#[derive(Debug)]
+struct Admin {
+    listener: TcpListener,
+    router: Router,
+}
+
+impl Admin {
+    /// Serves the admin endpoints until `closing` resolves, then lets the
+    /// requests in flight finish (bounded by the caller).
+    async fn serve(self, closing: tokio::sync::oneshot::Receiver<()>) {
+        match self.listener.local_addr() {
+            Ok(addr) => tracing::info!("admin endpoints on http://{addr}"),
+            Err(error) => tracing::warn!(%error, "admin endpoints on an unknown address"),
+        }
+        let served = axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(async {
+                let _ = closing.await;
+            })
+            .await;
+        match served {
+            Ok(()) => tracing::info!(target: LOG_TARGET, "admin listener closed"),
+            Err(error) => tracing::warn!(target: LOG_TARGET, %error, "admin listener failed"),
+        }
+    }
+}
+
+/// Binds `addr`, or serves `inherited` (a socket passed down) instead.
+async fn listen(
+    addr: SocketAddr,
+    inherited: Option<std::net::TcpListener>,
+) -> Result<TcpListener, StartupError> {
+    let bind_error = |source| StartupError::Bind { addr, source };
+    match inherited {
+        Some(listener) => {
+            tracing::info!(%addr, "serving an inherited listening socket instead of binding");
+            listener.set_nonblocking(true).map_err(bind_error)?;
+            TcpListener::from_std(listener).map_err(bind_error)
+        }
+        None => TcpListener::bind(addr).await.map_err(bind_error),
+    }
+}
+
 /// How a run ended: the drain, then workers and finalizers, and where the
 /// in-memory state went.
 #[derive(Debug)]
@@ -111,6 +161,7 @@ pub struct RunReport {
 pub struct App {
     listener: TcpListener,
     router: Router,
+    admin: Admin,
     shutdown: Shutdown,
     storage: Storage,
     hits: HitCounter,
@@ -125,11 +176,12 @@ impl App {
     /// # Errors
     /// A [`StartupError`] naming what failed.
     pub async fn build(config: ServerConfig, shutdown: Shutdown) -> Result<App, StartupError> {
-        App::build_on(config, shutdown, None).await
+        App::build_on(config, shutdown, Listeners::default()).await
     }
 
-    /// Like [`App::build`], but serves `inherited` (a listening socket passed
-    /// down by systemd or a predecessor) instead of binding `--listen`.
+    /// Like [`App::build`], but serves the `inherited` listening sockets
+    /// (passed down by systemd or a predecessor) instead of binding
+    /// `--listen` and `--admin-listen`.
     /// `shutdown` is the timeline's owner: take the [`Trigger`] and
     /// [`Force`] handles the caller needs from it first.
     ///
@@ -141,7 +193,7 @@ impl App {
     pub async fn build_on(
         config: ServerConfig,
         shutdown: Shutdown,
-        inherited: Option<std::net::TcpListener>,
+        inherited: Listeners,
     ) -> Result<App, StartupError> {
         let mut registry = Registry::with_prefix("lameduck");
         shutdown.watch().metrics().register(&mut registry);
@@ -171,18 +223,8 @@ impl App {
         for dir in [&spill_dir, &config.data_dir] {
             log_replayed(spill::replay(dir, &storage).await?);
         }
-        let bind_error = |source| StartupError::Bind {
-            addr: config.listen,
-            source,
-        };
-        let listener = match inherited {
-            Some(listener) => {
-                tracing::info!("serving an inherited listening socket");
-                listener.set_nonblocking(true).map_err(bind_error)?;
-                TcpListener::from_std(listener).map_err(bind_error)?
-            }
-            None => TcpListener::bind(config.listen).await.map_err(bind_error)?,
-        };
+        let listener = listen(config.listen, inherited.public).await?;
+        let admin_listener = listen(config.admin_listen, inherited.admin).await?;
 
         let mut workers = Workers::new(&shutdown);
         // Finalizers run last-registered first: the pool closes after the
@@ -234,24 +276,27 @@ impl App {
         });
 
         let startup = Startup::default();
-        let router = http::router(
-            AppState {
-                shutdown: shutdown.watch().clone(),
-                startup: startup.clone(),
-                registry: Arc::new(registry),
-                http_metrics,
-                guard_metrics,
-                storage: storage.clone(),
-                hits: hits.clone(),
-                links: LinkCache::default(),
-                live: LiveHits::default(),
-            },
-            config.http_limits(),
-        );
+        let state = AppState {
+            shutdown: shutdown.watch().clone(),
+            startup: startup.clone(),
+            registry: Arc::new(registry),
+            http_metrics,
+            guard_metrics,
+            storage: storage.clone(),
+            hits: hits.clone(),
+            links: LinkCache::default(),
+            live: LiveHits::default(),
+        };
+        let admin_router = http::admin_router(state.clone(), config.http_limits());
+        let router = http::router(state, config.http_limits());
         startup.complete();
         Ok(App {
             listener,
             router,
+            admin: Admin {
+                listener: admin_listener,
+                router: admin_router,
+            },
             shutdown,
             storage,
             hits,
@@ -270,6 +315,17 @@ impl App {
             .expect("a bound listener has a local address")
     }
 
+    /// The admin listener's address: `/healthz`, `/readyz`, `/metrics`.
+    ///
+    /// # Panics
+    /// If the OS cannot report the address of a bound socket.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
+            .listener
+            .local_addr()
+            .expect("a bound listener has a local address")
+    }
+
     /// The open database.
     pub fn storage(&self) -> &Storage {
         &self.storage
@@ -280,13 +336,19 @@ impl App {
         &self.hits
     }
 
-    /// A second handle on the listening socket, to pass to a successor.
+    /// Second handles on the public and the admin socket, to pass to a
+    /// successor.
     ///
     /// # Errors
-    /// If the descriptor cannot be duplicated.
-    pub fn listener_handle(&self) -> std::io::Result<std::net::TcpListener> {
+    /// If a descriptor cannot be duplicated.
+    pub fn listener_handles(
+        &self,
+    ) -> std::io::Result<(std::net::TcpListener, std::net::TcpListener)> {
         use std::os::fd::AsFd;
-        Ok(self.listener.as_fd().try_clone_to_owned()?.into())
+        Ok((
+            self.listener.as_fd().try_clone_to_owned()?.into(),
+            self.admin.listener.as_fd().try_clone_to_owned()?.into(),
+        ))
     }
 
     /// Registers more workers and finalizers before the app runs (finalizers
@@ -314,15 +376,28 @@ impl App {
         let App {
             listener,
             router,
+            admin,
             shutdown,
             storage: _,
             hits,
             workers,
             config,
         } = self;
+        let (close_admin, admin_closing) = tokio::sync::oneshot::channel();
+        let mut admin = tokio::spawn(admin.serve(admin_closing));
         let drain = lifecycle::serve(listener, router, &shutdown, config.serve()).await;
         let stop = workers.stop().await;
         shutdown.set_phase(Phase::Stopped);
+        // The admin listener closes last: a probe during the drain and the
+        // finalizers is answered, never refused.
+        let _ = close_admin.send(());
+        if stop.forced
+            || tokio::time::timeout(ADMIN_CLOSE_GRACE, &mut admin)
+                .await
+                .is_err()
+        {
+            admin.abort();
+        }
         RunReport {
             drain,
             stop,

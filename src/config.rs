@@ -22,6 +22,8 @@ pub struct Cli {
 }
 
 /// The subcommands.
+// Parsed once at startup; boxing the server's options would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the HTTP server until SIGTERM or SIGINT, then drain and exit.
@@ -39,6 +41,15 @@ pub struct ServerConfig {
     /// activation, or an in-place upgrade).
     #[arg(long, env = "LAMEDUCK_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+
+    /// Where liveness (`/healthz`), readiness (`/readyz`) and `/metrics` are
+    /// served for probes and scrapers, outside `--max-connections` and load
+    /// shedding, so public traffic never starves them. It follows the same
+    /// timeline (readiness turns 503 at the signal) and closes last, after
+    /// the drain. Port 0 picks a free one (logged as `admin endpoints on
+    /// http://ADDR`).
+    #[arg(long, env = "LAMEDUCK_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
+    pub admin_listen: SocketAddr,
 
     /// Lame-duck period after the signal: readiness is already 503 but the
     /// server keeps accepting, so load balancers that have not noticed yet
@@ -186,9 +197,10 @@ fn parse_positive_duration(value: &str) -> Result<Duration, String> {
 /// Options of `lameduck healthcheck`.
 #[derive(Clone, Debug, Args)]
 pub struct HealthcheckConfig {
-    /// The server's listen address; a wildcard address is probed on loopback.
-    #[arg(long, env = "LAMEDUCK_LISTEN", default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
+    /// The server's admin address (`--admin-listen`), where `/readyz` is
+    /// never shed; a wildcard address is probed on loopback.
+    #[arg(long, env = "LAMEDUCK_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
+    pub admin_listen: SocketAddr,
 
     /// Path to probe.
     #[arg(long, default_value = "/readyz")]

@@ -37,7 +37,7 @@ pub enum ProbeError {
 /// # Errors
 /// A [`ProbeError`] saying why the server is not ready.
 pub fn probe(config: &HealthcheckConfig) -> Result<(), ProbeError> {
-    let addr = loopback_for(config.listen);
+    let addr = loopback_for(config.admin_listen);
     let io = |source| ProbeError::Io { addr, source };
     let stream = TcpStream::connect_timeout(&addr, config.timeout).map_err(io)?;
     stream.set_read_timeout(Some(config.timeout)).map_err(io)?;

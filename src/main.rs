@@ -29,10 +29,10 @@ fn main() -> ExitCode {
             let _failpoints = fail::FailScenario::setup();
             // Before any thread starts: this clears LISTEN_FDS from the
             // environment.
-            let inherited = match handoff::inherited_listener() {
+            let inherited = match handoff::inherited_listeners() {
                 Ok(inherited) => inherited,
                 Err(error) => {
-                    tracing::error!(%error, "the inherited socket is not a TCP listener");
+                    tracing::error!(%error, "an inherited socket is not a TCP listener");
                     return Exit::Startup.into();
                 }
             };
@@ -61,7 +61,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn server(config: ServerConfig, inherited: Option<std::net::TcpListener>) -> Exit {
+async fn server(config: ServerConfig, inherited: handoff::Listeners) -> Exit {
     // Handlers first: from here on a signal is queued, not fatal.
     let (signals, hangups) = match (
         signal::Signals::install(),
@@ -103,10 +103,10 @@ async fn server(config: ServerConfig, inherited: Option<std::net::TcpListener>) 
             return Exit::Startup;
         }
     };
-    match app.listener_handle() {
-        Ok(listener) => {
+    match app.listener_handles() {
+        Ok((public, admin)) => {
             tokio::spawn(handoff::upgrade_on_hangup(
-                hangups, listener, successor, watch, trigger,
+                hangups, public, admin, successor, watch, trigger,
             ));
         }
         Err(error) => tracing::warn!(%error, "in-place upgrade unavailable"),

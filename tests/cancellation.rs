@@ -37,6 +37,8 @@ fn server_config(database_url: Option<&str>, data_dir: &TempDir, pool: u32) -> S
         "server".to_owned(),
         "--listen".to_owned(),
         "127.0.0.1:0".to_owned(),
+        "--admin-listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
         "--data-dir".to_owned(),
         data_dir.path().display().to_string(),
         "--database-max-connections".to_owned(),
@@ -255,7 +257,7 @@ async fn a_client_leaving_a_blocked_insert_cancels_it_and_returns_the_connection
     let shutdown = Shutdown::new(LifecycleMetrics::default());
     let trigger = shutdown.trigger_handle();
     let app = app_with_pool_of_one(Some(&cluster.url()), &data, shutdown).await;
-    let addr = app.local_addr();
+    let (addr, admin_addr) = (app.local_addr(), app.admin_addr());
     let serving = tokio::spawn(app.run());
     let admin = admin_pool(&cluster).await;
     assert_eq!(create_via_http(addr, "warmup").await, 201);
@@ -273,26 +275,29 @@ async fn a_client_leaving_a_blocked_insert_cancels_it_and_returns_the_connection
         "the connection was reconnected, not reused"
     );
     assert_eq!(
-        metric(addr, "lameduck_db_connections_discarded_total").await,
+        metric(admin_addr, "lameduck_db_connections_discarded_total").await,
         0.0
     );
     assert_eq!(
         metric(
-            addr,
+            admin_addr,
             "lameduck_db_connections_in_transaction_at_release_total"
         )
         .await,
         0.0
     );
     assert_eq!(
-        metric(addr, "lameduck_db_rollbacks_on_cancel_total").await,
+        metric(admin_addr, "lameduck_db_rollbacks_on_cancel_total").await,
         1.0
     );
     assert_eq!(
-        metric(addr, "lameduck_db_statements_cancelled_total").await,
+        metric(admin_addr, "lameduck_db_statements_cancelled_total").await,
         1.0
     );
-    assert_eq!(metric(addr, "lameduck_requests_aborted_total").await, 1.0);
+    assert_eq!(
+        metric(admin_addr, "lameduck_requests_aborted_total").await,
+        1.0
+    );
     // And the pool of one still serves.
     assert_eq!(create_via_http(addr, "after").await, 201);
 

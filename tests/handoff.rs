@@ -45,6 +45,9 @@ const PATIENCE: Duration = Duration::from_secs(15);
 /// How often the wait loops poll.
 const POLL_INTERVAL: Duration = Duration::from_millis(5);
 
+/// `--admin-listen` for a process whose admin port does not matter.
+const ANY_PORT: &str = "127.0.0.1:0";
+
 /// What the server logs once it serves, followed by its address.
 const LISTENING: &str = "listening on http://";
 
@@ -69,7 +72,7 @@ fn socket_activation_serves_the_inherited_listener() {
     let data = tempdir("lameduck-activation-");
 
     let activated = |listener: &TcpListener| {
-        let mut command = server_command(Path::new(BINARY));
+        let mut command = server_command(Path::new(BINARY), ANY_PORT);
         command
             .args(["--listen", &taken_addr, "--data-dir"])
             .arg(data.path());
@@ -119,7 +122,12 @@ fn in_place_upgrades_under_constant_load_drop_nothing() {
     let dir = tempdir("lameduck-upgrade-");
     let data = dir.path().join("data");
     let pid_file = dir.path().join("lameduck.pid");
-    let mut command = server_command(Path::new(BINARY));
+    // A fixed admin port, held by each process until its successor runs: a
+    // successor that bound it instead of inheriting it would fail to start.
+    let admin = TcpListener::bind("127.0.0.1:0")
+        .and_then(|probe| probe.local_addr())
+        .expect("a free port");
+    let mut command = server_command(Path::new(BINARY), &admin.to_string());
     command
         .args(["--listen", "127.0.0.1:0", "--data-dir"])
         .arg(&data)
@@ -143,11 +151,26 @@ fn in_place_upgrades_under_constant_load_drop_nothing() {
     }
     let upgrades_took = started.elapsed();
     let upgrades = traffic.finish(&runtime);
+    // The last successor serves the admin endpoints on the port the first
+    // process bound: the admin socket was handed down every time.
+    let mut probe = connect(admin);
+    let ready = get(&mut probe, "/readyz").expect("GET /readyz on the admin port");
+    assert_eq!(ready.status, 200, "{ready:?}");
+    drop(probe);
+    let admin_lines = lineage.first.log_text();
+    assert_eq!(
+        admin_lines
+            .lines()
+            .filter(|line| line.contains(&format!("admin endpoints on http://{admin}")))
+            .count(),
+        UPGRADES + 1,
+        "every process served the inherited admin socket:\n{admin_lines}"
+    );
     assert_eq!(lineage.stop(), 0, "{}", lineage.first.log_excerpt());
 
     // The comparison: stop, then start a fresh process on the same port.
     let fresh = || {
-        let mut command = server_command(Path::new(BINARY));
+        let mut command = server_command(Path::new(BINARY), ANY_PORT);
         command
             .arg("--listen")
             .arg(addr.to_string())
@@ -202,7 +225,7 @@ fn an_upgrade_to_a_binary_that_fails_at_startup_leaves_the_old_process_serving()
     let exe = dir.path().join("lameduck");
     std::fs::copy(BINARY, &exe).expect("copy the binary");
     let pid_file = dir.path().join("lameduck.pid");
-    let mut command = server_command(&exe);
+    let mut command = server_command(&exe, ANY_PORT);
     command
         .args(["--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir.path().join("data"))
@@ -249,12 +272,13 @@ fn tempdir(prefix: &str) -> TempDir {
         .expect("a temporary directory")
 }
 
-/// `exe server` with piped output, `RUST_LOG=info`, none of the test's own
-/// `LAMEDUCK_*`, `DATABASE_URL`, `LISTEN_*` or `NOTIFY_SOCKET` variables,
-/// and a process group of its own (inherited by its successors).
-fn server_command(exe: &Path) -> Command {
+/// `exe server --admin-listen ADMIN` with piped output, `RUST_LOG=info`,
+/// none of the test's own `LAMEDUCK_*`, `DATABASE_URL`, `LISTEN_*` or
+/// `NOTIFY_SOCKET` variables, and a process group of its own (inherited by
+/// its successors).
+fn server_command(exe: &Path, admin: &str) -> Command {
     let mut command = Command::new(exe);
-    command.arg("server");
+    command.args(["server", "--admin-listen", admin]);
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy();
         if key.starts_with("LAMEDUCK_")

@@ -69,6 +69,11 @@ struct Server {
 }
 
 impl Server {
+    /// The admin listener's address (`/metrics`).
+    fn admin(&self) -> SocketAddr {
+        self.process.admin_addr()
+    }
+
     fn start(args: &[&str]) -> Server {
         let data = tempfile::Builder::new()
             .prefix("lameduck-limits-")
@@ -361,12 +366,11 @@ fn wait_metric(addr: SocketAddr, name: &str, wanted: impl Fn(f64) -> bool) -> f6
     }
 }
 
-/// Waits until `n` requests besides the `/metrics` probe itself are in
-/// flight.
-fn wait_in_flight(addr: SocketAddr, n: i64) {
-    // The probe counts itself.
-    wait_metric(addr, "lameduck_requests_in_flight", |value| {
-        value > n as f64
+/// Waits until `n` requests are in flight, asking the admin listener at
+/// `admin` (whose own requests are not counted).
+fn wait_in_flight(admin: SocketAddr, n: i64) {
+    wait_metric(admin, "lameduck_requests_in_flight", |value| {
+        value >= n as f64
     });
 }
 
@@ -861,6 +865,7 @@ fn a_request_over_the_timeout_gets_503_and_its_transaction_rolls_back() {
     let mut server =
         LameduckProcess::start(&["--database-url", &url, "--request-timeout", "1s"], &[]);
     let addr = server.addr();
+    let admin = server.admin_addr();
     let mut locker = Sql::connect(&url);
     locker.execute("BEGIN; LOCK TABLE links IN ACCESS EXCLUSIVE MODE");
 
@@ -876,8 +881,8 @@ fn a_request_over_the_timeout_gets_503_and_its_transaction_rolls_back() {
 
     // Still under the lock: the rollback can only come from the
     // cancellation, not from the statement finishing.
-    wait_metric(addr, "lameduck_db_rollbacks_on_cancel_total", |n| n >= 1.0);
-    let text = metrics(addr);
+    wait_metric(admin, "lameduck_db_rollbacks_on_cancel_total", |n| n >= 1.0);
+    let text = metrics(admin);
     assert_eq!(
         metric(&text, "lameduck_requests_timed_out_total"),
         Some(1.0),
@@ -962,6 +967,51 @@ fn at_the_connection_limit_new_connections_wait_instead_of_failing() {
     server.assert_serving("the connection limit");
 }
 
+// Gap: at `--max-connections`, header-phase slowloris connections used to
+// keep kubelet probes from connecting for up to the header timeout, and
+// `/metrics` was served to anyone who could reach the public port. Probes
+// and metrics now have a listener of their own, outside the public cap.
+#[test]
+fn probes_and_metrics_answer_on_the_admin_listener_while_slowloris_fills_the_public_port() {
+    let mut server = Server::start(&["--max-connections", "4"]);
+    let (addr, admin) = (server.addr(), server.admin());
+    let slowloris: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut stream = connect(addr);
+            stream
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: lame")
+                .expect("a partial head");
+            stream
+        })
+        .collect();
+    let mut waiting = connect(addr);
+    write!(waiting, "GET /readyz HTTP/1.1\r\nHost: lameduck\r\n\r\n").expect("send");
+    assert!(
+        silent_for(&waiting, Duration::from_millis(300)),
+        "the public port is full: a fifth connection waits"
+    );
+
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let started = Instant::now();
+        let response = fresh_get(admin, path);
+        assert_eq!(response.status, 200, "admin {path}: {response:?}");
+        assert!(
+            started.elapsed() < QUICKLY,
+            "admin {path}: {:?}",
+            started.elapsed()
+        );
+    }
+    let text = metrics(admin);
+    assert!(text.contains("lameduck_connections_open"), "{text}");
+
+    drop(slowloris);
+    let response = read_response(&mut waiting).expect("the waiting probe is answered");
+    assert_eq!(response.status, 200, "{response:?}");
+    let response = fresh_get(addr, "/metrics");
+    assert_json_error(&response, 404, "/metrics on the public port");
+    server.assert_serving("slowloris on the public port");
+}
+
 // === concurrency limit ===
 
 // Gap: past `--max-concurrent-requests` API requests must be shed at once
@@ -977,13 +1027,14 @@ fn past_the_concurrency_limit_api_requests_are_shed_with_503_and_retry_after() {
         &[],
     );
     let addr = server.addr();
+    let admin = server.admin_addr();
     let mut locker = Sql::connect(&url);
     locker.execute("BEGIN; LOCK TABLE links IN ACCESS EXCLUSIVE MODE");
     let held: Vec<thread::JoinHandle<RawResponse>> = ["held-1", "held-2"]
         .into_iter()
         .map(|code| thread::spawn(move || post_json(addr, &link_body(code))))
         .collect();
-    wait_in_flight(addr, 2);
+    wait_in_flight(admin, 2);
 
     let started = Instant::now();
     let response = fresh_get(addr, "/api/links/x");
@@ -993,9 +1044,18 @@ fn past_the_concurrency_limit_api_requests_are_shed_with_503_and_retry_after() {
     assert!(took < QUICKLY, "shedding took {took:?}");
     let response = post_json(addr, &link_body("shed"));
     assert_json_error(&response, 503, "a third API request (POST)");
-    for path in ["/healthz", "/readyz", "/metrics"] {
+    for (port, addr, path) in [
+        ("public", addr, "/healthz"),
+        ("public", addr, "/readyz"),
+        ("admin", admin, "/healthz"),
+        ("admin", admin, "/readyz"),
+        ("admin", admin, "/metrics"),
+    ] {
         let response = fresh_get(addr, path);
-        assert_eq!(response.status, 200, "{path} at the limit: {response:?}");
+        assert_eq!(
+            response.status, 200,
+            "{port} {path} at the limit: {response:?}"
+        );
     }
 
     locker.execute("ROLLBACK");
@@ -1006,7 +1066,7 @@ fn past_the_concurrency_limit_api_requests_are_shed_with_503_and_retry_after() {
     let response = fresh_get(addr, "/api/links/held-1");
     assert_eq!(response.status, 200, "after the load: {response:?}");
     assert_json_error(&fresh_get(addr, "/api/links/shed"), 404, "the shed link");
-    let shed = metric(&metrics(addr), "lameduck_requests_shed_total");
+    let shed = metric(&metrics(admin), "lameduck_requests_shed_total");
     assert!(
         shed.is_some_and(|n| n >= 2.0),
         "requests_shed_total: {shed:?}"
@@ -1026,6 +1086,7 @@ fn past_the_concurrency_limit_api_requests_are_shed_with_503_and_retry_after() {
 fn slow_bodies_hold_no_concurrency_slot_and_normal_clients_keep_being_served() {
     let mut server = Server::start(&["--max-concurrent-requests", "2"]);
     let addr = server.addr();
+    let admin = server.admin();
     let code = {
         let response = post_json(addr, &link_body("served"));
         assert_eq!(response.status, 201, "{response:?}");
@@ -1034,7 +1095,7 @@ fn slow_bodies_hold_no_concurrency_slot_and_normal_clients_keep_being_served() {
     let slow: Vec<TcpStream> = (0..40)
         .map(|i| start_slow_post(addr, &link_body(&format!("slow-{i}"))))
         .collect();
-    wait_in_flight(addr, 40);
+    wait_in_flight(admin, 40);
 
     for i in 0..10 {
         let started = Instant::now();
@@ -1050,7 +1111,7 @@ fn slow_bodies_hold_no_concurrency_slot_and_normal_clients_keep_being_served() {
         );
         assert!(started.elapsed() < QUICKLY, "{:?}", started.elapsed());
     }
-    let text = metrics(addr);
+    let text = metrics(admin);
     assert_eq!(
         metric(&text, "lameduck_requests_shed_total"),
         Some(0.0),
@@ -1069,6 +1130,7 @@ fn slow_bodies_hold_no_concurrency_slot_and_normal_clients_keep_being_served() {
 fn a_stalled_body_gets_408_with_a_json_error_after_the_body_read_timeout() {
     let mut server = Server::start(&["--body-read-timeout", "1s"]);
     let addr = server.addr();
+    let admin = server.admin();
     let body = link_body("stalled");
     let started = Instant::now();
     let mut stalled = start_slow_post(addr, &body);
@@ -1086,7 +1148,7 @@ fn a_stalled_body_gets_408_with_a_json_error_after_the_body_read_timeout() {
         "the connection closes after the 408"
     );
 
-    let text = metrics(addr);
+    let text = metrics(admin);
     let server_errors: Vec<&str> = text
         .lines()
         .filter(|line| line.starts_with("lameduck_http_requests_total{"))
@@ -1152,11 +1214,12 @@ fn idle_keepalive_connections_are_closed_after_the_idle_timeout() {
     const IDLE: Duration = Duration::from_secs(1);
     let mut server = Server::start(&["--idle-timeout", "1s"]);
     let addr = server.addr();
+    let admin = server.admin();
 
     let body = link_body("long-request");
     let mut busy = start_slow_post(addr, &body);
     let busy_since = Instant::now();
-    wait_in_flight(addr, 1);
+    wait_in_flight(admin, 1);
 
     let mut idle = connect(addr);
     let response = get(&mut idle, "/healthz").expect("GET /healthz");
@@ -1738,6 +1801,7 @@ fn the_database_password_never_appears_in_logs_errors_or_metrics() {
         &[("DATABASE_URL", url.as_str()), ("RUST_LOG", "debug")],
     );
     let addr = server.addr();
+    let admin = server.admin_addr();
     let mut seen: Vec<String> = Vec::new();
     let mut keep = |response: RawResponse| {
         seen.push(format!(
@@ -1761,11 +1825,11 @@ fn the_database_password_never_appears_in_logs_errors_or_metrics() {
     keep(fresh_get(addr, "/api/links/unknown"));
     keep(fresh_get(addr, "/unknown"));
     keep(fresh_get(addr, "/secret"));
-    keep(fresh_get(addr, "/metrics"));
+    keep(fresh_get(admin, "/metrics"));
     cluster.start_again();
     wait_status(addr, "/readyz", 200, FEW_SECONDS);
     keep(fresh_get(addr, "/api/links/secret"));
-    keep(fresh_get(addr, "/metrics"));
+    keep(fresh_get(admin, "/metrics"));
 
     server.signal(Signal::SIGTERM);
     assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());

@@ -45,29 +45,6 @@ const LAME_DUCK: &str = "lame duck: ";
 const DRAINING: &str = "listener closed; draining";
 const COMPLETE: &str = "shutdown complete";
 
-/// Waits until `n` requests besides the probe itself are in flight, as the
-/// server's own `lameduck_requests_in_flight` gauge counts them, so that a
-/// signal sent next is known to find them running.
-fn wait_in_flight(addr: SocketAddr, n: i64) {
-    let deadline = Instant::now() + PATIENCE;
-    let mut last = String::new();
-    while Instant::now() < deadline {
-        let mut probe = connect(addr);
-        let metrics = get(&mut probe, "/metrics").expect("GET /metrics");
-        last = String::from_utf8_lossy(&metrics.body).into_owned();
-        let in_flight = last
-            .lines()
-            .find_map(|line| line.strip_prefix("lameduck_requests_in_flight "))
-            .and_then(|value| value.trim().parse::<i64>().ok());
-        // The probe counts itself.
-        if in_flight.is_some_and(|count| count > n) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("{n} request(s) never showed up in flight; last /metrics:\n{last}");
-}
-
 fn assert_logged(server: &LameduckProcess, needle: &str) {
     assert!(
         server.wait_for_log(needle, PATIENCE),
@@ -121,6 +98,56 @@ fn listens_on(pid: nix::unistd::Pid, port: u16) -> bool {
         })
 }
 
+// Gap: probes and scrapes have their own listener, on the same timeline:
+// readiness turns 503 there at the signal, it keeps answering through the
+// drain (a kubelet probe must never see a refused connection while the
+// process still drains), and it closes last, after the finalizers.
+#[test]
+fn the_admin_listener_answers_through_the_drain_and_closes_after_the_finalizers() {
+    let mut server = LameduckProcess::start(&[], &[]);
+    let (addr, admin) = (server.addr(), server.admin_addr());
+    let ready = |path: &str| {
+        let mut probe = connect(admin);
+        get(&mut probe, path).unwrap_or_else(|e| panic!("admin {path}: {e}"))
+    };
+    assert_eq!(ready("/readyz").status, 200);
+    let mut slow = start_slow_post(addr);
+    server.wait_in_flight(1);
+
+    server.signal(Signal::SIGTERM);
+    assert_logged(&server, DRAINING);
+    assert_refused(&mut server, addr);
+    let readiness = ready("/readyz");
+    assert_eq!(readiness.status, 503, "{readiness:?}");
+    assert_eq!(readiness.json()["phase"], "draining", "{readiness:?}");
+    assert_eq!(ready("/healthz").status, 200);
+    let metrics = ready("/metrics");
+    assert_eq!(metrics.status, 200);
+    assert!(
+        String::from_utf8_lossy(&metrics.body).contains("lameduck_requests_in_flight 1"),
+        "{metrics:?}"
+    );
+
+    finish_slow_post(&mut slow);
+    assert_eq!(read_response(&mut slow).expect("answered").status, 201);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+    let logs = server.logs();
+    let at = |needle: &str| {
+        logs.iter()
+            .rposition(|line| line.contains(needle))
+            .unwrap_or_else(|| panic!("no `{needle}` in:\n{}", logs.join("\n")))
+    };
+    assert!(
+        at("admin listener closed") > at("finalizer finished"),
+        "the admin listener closed before the finalizers ran:\n{}",
+        logs.join("\n")
+    );
+    assert!(
+        std::net::TcpStream::connect(admin).is_err(),
+        "the admin port is closed with the process"
+    );
+}
+
 // Gap: the core promise, end to end through a real SIGTERM: a request that
 // is mid-body when the signal lands is still answered, the answer tells the
 // client to go away, the listener refuses newcomers meanwhile, and the
@@ -130,7 +157,7 @@ fn inflight_request_completes_after_sigterm_with_connection_close() {
     let mut server = LameduckProcess::start(&[], &[]);
     let addr = server.addr();
     let mut slow = start_slow_post(addr);
-    wait_in_flight(addr, 1);
+    server.wait_in_flight(1);
     assert!(
         listens_on(server.pid(), addr.port()),
         "the check sees the listener"
@@ -263,7 +290,7 @@ fn request_that_never_finishes_exits_with_the_deadline_code() {
     let mut server = LameduckProcess::start(&["--shutdown-timeout", "1s"], &[]);
     let addr = server.addr();
     let _never_finished = start_slow_post(addr);
-    wait_in_flight(addr, 1);
+    server.wait_in_flight(1);
 
     let signalled = Instant::now();
     server.signal(Signal::SIGTERM);
@@ -291,7 +318,7 @@ fn second_signal_during_the_drain_forces_exit_with_its_code() {
     let mut server = LameduckProcess::start(&["--shutdown-timeout", "60s"], &[]);
     let addr = server.addr();
     let _slow = start_slow_post(addr);
-    wait_in_flight(addr, 1);
+    server.wait_in_flight(1);
 
     server.signal(Signal::SIGTERM);
     assert_logged(&server, DRAINING);
@@ -345,7 +372,7 @@ async fn http2_inflight_stream_completes_and_the_connection_receives_goaway() {
         .send(Bytes::from_static(&LINK.as_bytes()[..LINK_SPLIT]))
         .await
         .expect("send the first part");
-    block_in_place(|| wait_in_flight(addr, 1));
+    block_in_place(|| server.wait_in_flight(1));
 
     server.signal(Signal::SIGTERM);
     let deadline = Instant::now() + PATIENCE;

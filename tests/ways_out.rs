@@ -279,7 +279,7 @@ fn leave(
         }
         SigtermInFlight => {
             let mut held = start_slow_post(server.addr());
-            wait_in_flight(server);
+            server.wait_in_flight(1);
             server.signal(SIGTERM);
             await_log(server, "listener closed; draining");
             finish_slow_post(&mut held);
@@ -287,7 +287,7 @@ fn leave(
         }
         Deadline => {
             let _held = start_slow_post(server.addr());
-            wait_in_flight(server);
+            server.wait_in_flight(1);
             server.signal(SIGTERM);
             let answered = traffic.join();
             await_log(server, "shutdown timeout passed");
@@ -296,7 +296,7 @@ fn leave(
         DeadlineDatabaseDown => {
             let answered = traffic.stop();
             let _held = start_slow_post(server.addr());
-            wait_in_flight(server);
+            server.wait_in_flight(1);
             pg().stop();
             server.signal(SIGTERM);
             await_log(server, "shutdown timeout passed");
@@ -314,7 +314,7 @@ fn leave(
         }
         SecondSignalInDrain(second) => {
             let _held = start_slow_post(server.addr());
-            wait_in_flight(server);
+            server.wait_in_flight(1);
             server.signal(SIGTERM);
             await_log(server, "listener closed; draining");
             let answered = traffic.join();
@@ -517,26 +517,6 @@ impl Binary {
             .expect("write the broken binary");
         fs::set_permissions(&broken, fs::Permissions::from_mode(0o755)).expect("chmod");
         fs::rename(&broken, exe).expect("replace the binary");
-    }
-}
-
-/// Waits until the server's own gauge counts a request in flight.
-fn wait_in_flight(server: &LameduckProcess) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let metrics = request(server.addr(), "GET", "/metrics", None).expect("GET /metrics");
-        let text = String::from_utf8_lossy(&metrics.body);
-        let in_flight = text
-            .lines()
-            .find_map(|line| line.strip_prefix("lameduck_requests_in_flight "))
-            .and_then(|value| value.trim().parse::<f64>().ok())
-            .unwrap_or_default();
-        // The probe itself is one of them.
-        if in_flight >= 2.0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "no request in flight:\n{text}");
-        thread::sleep(Duration::from_millis(10));
     }
 }
 

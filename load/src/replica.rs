@@ -36,7 +36,8 @@ const READY_POLL: Duration = Duration::from_millis(20);
 pub struct Spec {
     /// The binary.
     pub program: PathBuf,
-    /// Its arguments (`server --listen 127.0.0.1:0 …`).
+    /// Its arguments (`server --listen 127.0.0.1:0 …`). A `server` gets
+    /// `--admin-listen 127.0.0.1:0` added unless it names its own.
     pub args: Vec<OsString>,
     /// Extra environment (the database URL goes here, not on the command
     /// line, so it never shows in `ps`).
@@ -100,8 +101,14 @@ impl Replica {
             }
             None => Command::new(&spec.program),
         };
+        command.args(&spec.args);
+        // Replicas run side by side: each admin listener on a port of its
+        // own, unless the spec names one.
+        let serves = spec.args.first().is_some_and(|arg| arg == "server");
+        if serves && !spec.args.iter().any(|arg| arg == "--admin-listen") {
+            command.args(["--admin-listen", "127.0.0.1:0"]);
+        }
         command
-            .args(&spec.args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .env(
                 "RUST_LOG",

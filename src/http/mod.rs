@@ -98,18 +98,31 @@ pub struct HttpLimits {
     pub body_read_timeout: Duration,
 }
 
-/// The whole application router with its production middleware.
+/// The public router with its production middleware: the API, and
+/// liveness and readiness for load balancers that probe the service port
+/// (HAProxy, most cloud balancers). `/metrics` is not here: it is served
+/// on the admin listener only ([`admin_router`]).
 pub fn router(state: AppState, limits: HttpLimits) -> Router {
     let api = limited(links::routes(), &state, limits);
-    with_middleware(operational_routes().merge(api), state, limits)
+    with_middleware(probes().merge(api), state, limits)
+}
+
+/// The admin listener's router: liveness, readiness and metrics, with the
+/// same middleware (request ids, metrics, JSON errors) but no shedding.
+pub fn admin_router(state: AppState, limits: HttpLimits) -> Router {
+    with_middleware(operational_routes(), state, limits)
+}
+
+/// Liveness and readiness: never shed, never body-limited.
+pub fn probes() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
 }
 
 /// Liveness, readiness and metrics: never shed, never body-limited.
 pub fn operational_routes() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics::render))
+    probes().route("/metrics", get(metrics::render))
 }
 
 /// Puts API routes under the body limit and the shared concurrency limit

@@ -5,8 +5,8 @@
 //!   instead of binding: connections queue in the kernel while the process
 //!   restarts, instead of being refused.
 //! - **In-place upgrade.** On SIGHUP the running process starts a new copy
-//!   of its binary, passing the listening socket down as fd 3 (the same
-//!   `LISTEN_FDS` protocol) and waiting for its `READY=1` on a private
+//!   of its binary, passing the listening sockets down as fds 3 and 4 (the
+//!   same `LISTEN_FDS` protocol) and waiting for its `READY=1` on a private
 //!   `NOTIFY_SOCKET` (the `sd_notify` protocol). Both accept from the one
 //!   socket meanwhile, so nothing queued on it is lost; once the successor
 //!   is ready the old process goes through a lame-duck period of at least
@@ -38,14 +38,29 @@ pub const UPGRADE_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// period can still meet HTTP/1.1's keep-alive race at the drain.
 pub const UPGRADE_LAME_DUCK: Duration = Duration::from_millis(500);
 
-/// The listener passed down by a service manager or a predecessor, if any.
-/// Call it before starting threads: it clears `LISTEN_FDS`/`LISTEN_PID` from
-/// the environment so that they are not passed on again.
+/// The listening sockets of one process: the public one, and the admin one
+/// (probes and metrics) that follows the same handoffs.
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// The public socket: fd 3 under the `LISTEN_FDS` protocol.
+    pub public: Option<TcpListener>,
+    /// The admin socket: fd 4, when passed.
+    pub admin: Option<TcpListener>,
+}
+
+/// The listeners passed down by a service manager or a predecessor: fd 3
+/// is the public socket, fd 4 (if `LISTEN_FDS` is 2) the admin socket. Call
+/// it before starting threads: it clears `LISTEN_FDS`/`LISTEN_PID` from the
+/// environment so that they are not passed on again.
 ///
 /// # Errors
-/// If the passed descriptor is not a TCP listener.
-pub fn inherited_listener() -> io::Result<Option<TcpListener>> {
-    listenfd::ListenFd::from_env().take_tcp_listener(0)
+/// If a passed descriptor is not a TCP listener.
+pub fn inherited_listeners() -> io::Result<Listeners> {
+    let mut fds = listenfd::ListenFd::from_env();
+    Ok(Listeners {
+        public: fds.take_tcp_listener(0)?,
+        admin: fds.take_tcp_listener(1)?,
+    })
 }
 
 /// Tells the service manager (or the predecessor of an in-place upgrade)
@@ -105,13 +120,15 @@ impl Successor {
 }
 
 /// Upgrades in place on every SIGHUP until shutdown starts: starts the
-/// successor with `listener` and triggers this process's shutdown once the
-/// successor is ready. A failed upgrade is logged and the process keeps
-/// serving. `listener` is closed when this returns, so that a normal
-/// shutdown still refuses new connections once its own listener closes.
+/// successor with the `public` and `admin` sockets and triggers this
+/// process's shutdown once the successor is ready. A failed upgrade is
+/// logged and the process keeps serving. The sockets are closed when this
+/// returns, so that a normal shutdown still refuses new connections once
+/// its own listeners close.
 pub async fn upgrade_on_hangup(
     mut hangups: tokio::signal::unix::Signal,
-    listener: TcpListener,
+    public: TcpListener,
+    admin: TcpListener,
     successor: Successor,
     watch: Watch,
     trigger: Trigger,
@@ -122,7 +139,7 @@ pub async fn upgrade_on_hangup(
             () = watch.triggered() => return,
         }
         info!(target: LOG_TARGET, exe = %successor.exe.display(), "SIGHUP: starting a new process on the same socket");
-        match upgrade(&listener, &successor).await {
+        match upgrade([&public, &admin], &successor).await {
             Ok(pid) => {
                 info!(target: LOG_TARGET, pid, "the new process is ready; this one drains and exits");
                 trigger.trigger_with_lame_duck(format!("upgraded to pid {pid}"), UPGRADE_LAME_DUCK);
@@ -135,8 +152,9 @@ pub async fn upgrade_on_hangup(
     }
 }
 
-/// Starts the successor and waits until it is ready; returns its pid.
-async fn upgrade(listener: &TcpListener, successor: &Successor) -> Result<u32, UpgradeError> {
+/// Starts the successor with `listeners` as fds 3, 4, … and waits until it
+/// is ready; returns its pid.
+async fn upgrade(listeners: [&TcpListener; 2], successor: &Successor) -> Result<u32, UpgradeError> {
     let spawn_error = |source| UpgradeError::Spawn {
         exe: successor.exe.display().to_string(),
         source,
@@ -146,17 +164,21 @@ async fn upgrade(listener: &TcpListener, successor: &Successor) -> Result<u32, U
     let notify = UnixDatagram::bind(&notify_path).map_err(spawn_error)?;
     let _remove = RemoveOnDrop(&notify_path);
 
-    let socket: OwnedFd = listener.try_clone().map_err(spawn_error)?.into();
+    let mut mappings = Vec::new();
+    for (child_fd, listener) in (3..).zip(listeners) {
+        let parent_fd: OwnedFd = listener.try_clone().map_err(spawn_error)?.into();
+        mappings.push(FdMapping {
+            parent_fd,
+            child_fd,
+        });
+    }
     let mut command = tokio::process::Command::new(&successor.exe);
     command
         .args(&successor.args)
-        .env("LISTEN_FDS", "1")
+        .env("LISTEN_FDS", mappings.len().to_string())
         .env_remove("LISTEN_PID")
         .env("NOTIFY_SOCKET", &notify_path)
-        .fd_mappings(vec![FdMapping {
-            parent_fd: socket,
-            child_fd: 3,
-        }])
+        .fd_mappings(mappings)
         .map_err(|collision| spawn_error(io::Error::other(collision)))?;
     let mut child = command.spawn().map_err(spawn_error)?;
     let pid = child.id().unwrap_or_default();

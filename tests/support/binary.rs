@@ -47,6 +47,10 @@ const POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// What the server logs once it listens, followed by its address.
 const LISTENING: &str = "listening on http://";
 
+/// What the server logs once its admin listener serves, followed by its
+/// address.
+const ADMIN: &str = "admin endpoints on http://";
+
 /// Which pipe a captured line came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stream {
@@ -108,6 +112,7 @@ impl Captured {
 pub struct LameduckProcess {
     child: Child,
     addr: SocketAddr,
+    admin_addr: SocketAddr,
     captured: Arc<Captured>,
     /// The `--data-dir` (SQLite database); removed on drop, after the child.
     _data_dir: TempDir,
@@ -134,9 +139,10 @@ impl LameduckProcess {
         let (mut child, captured, data_dir) = spawn(exe, args, envs);
         let deadline = Instant::now() + START_TIMEOUT;
         let addr = loop {
-            let line = captured.wait_for(LISTENING, Duration::from_millis(100));
-            if let Some(line) = line {
-                break parse_listening(&line);
+            let public = captured.wait_for(LISTENING, Duration::from_millis(100));
+            let admin = captured.wait_for(ADMIN, Duration::ZERO);
+            if let (Some(public), Some(admin)) = (public, admin) {
+                break parse_address(&public, LISTENING).zip(parse_address(&admin, ADMIN));
             }
             if Instant::now() > deadline || !matches!(child.try_wait(), Ok(None)) {
                 break None;
@@ -151,9 +157,11 @@ impl LameduckProcess {
                 captured.all().join("\n")
             );
         };
+        let (addr, admin_addr) = addr;
         LameduckProcess {
             child,
             addr,
+            admin_addr,
             captured,
             _data_dir: data_dir,
         }
@@ -162,6 +170,11 @@ impl LameduckProcess {
     /// The address the server listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The admin listener's address: `/healthz`, `/readyz`, `/metrics`.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
     }
 
     /// The child's process id.
@@ -210,6 +223,32 @@ impl LameduckProcess {
                 self.log_text()
             )
         })
+    }
+
+    /// Waits until the server's own `lameduck_requests_in_flight` gauge,
+    /// read on the admin listener (whose requests it does not count), shows
+    /// `n` requests, so that a signal sent next is known to find them.
+    ///
+    /// # Panics
+    /// With the last `/metrics`, if they never show up within
+    /// [`START_TIMEOUT`].
+    pub fn wait_in_flight(&self, n: i64) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            if let Ok(metrics) = request(self.admin_addr, "GET", "/metrics", None) {
+                last = String::from_utf8_lossy(&metrics.body).into_owned();
+                let in_flight = last
+                    .lines()
+                    .find_map(|line| line.strip_prefix("lameduck_requests_in_flight "))
+                    .and_then(|value| value.trim().parse::<i64>().ok());
+                if in_flight.is_some_and(|count| count >= n) {
+                    return;
+                }
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
+        panic!("{n} request(s) never showed up in flight; last /metrics:\n{last}");
     }
 
     /// Whether the child is still running.
@@ -313,6 +352,9 @@ fn spawn(exe: &Path, args: &[&str], envs: &[(&str, &str)]) -> (Child, Arc<Captur
     if !args.contains(&"--listen") && !sets_env("LAMEDUCK_LISTEN") {
         command.args(["--listen", "127.0.0.1:0"]);
     }
+    if !args.contains(&"--admin-listen") && !sets_env("LAMEDUCK_ADMIN_LISTEN") {
+        command.args(["--admin-listen", "127.0.0.1:0"]);
+    }
     if !args.contains(&"--data-dir") && !sets_env("LAMEDUCK_DATA_DIR") {
         command.arg("--data-dir").arg(data_dir.path());
     }
@@ -374,8 +416,8 @@ fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
 }
 
 /// The address in a `listening on http://ADDR` line (text or JSON).
-fn parse_listening(line: &str) -> Option<SocketAddr> {
-    let rest = &line[line.find(LISTENING)? + LISTENING.len()..];
+fn parse_address(line: &str, prefix: &str) -> Option<SocketAddr> {
+    let rest = &line[line.find(prefix)? + prefix.len()..];
     let end = rest
         .find(|c: char| !(c.is_ascii_hexdigit() || matches!(c, '.' | ':' | '[' | ']')))
         .unwrap_or(rest.len());

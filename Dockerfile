@@ -60,14 +60,19 @@ COPY --from=build --chown=65532:65532 /out/data /data
 COPY --from=build --chown=65532:65532 /out/spill /spill
 
 ENV LAMEDUCK_LISTEN=0.0.0.0:8080 \
+    LAMEDUCK_ADMIN_LISTEN=0.0.0.0:9090 \
     LAMEDUCK_DATA_DIR=/data \
     LAMEDUCK_SPILL_DIR=/spill
 USER 65532:65532
 WORKDIR /data
 VOLUME ["/data", "/spill"]
-EXPOSE 8080
+# 8080: the service; 9090: the admin listener (/healthz, /readyz, /metrics)
+# for probes and Prometheus, outside the service's connection cap and load
+# shedding. Publish it only where probes and scrapers live.
+EXPOSE 8080 9090
 
-# readyz: 200 while serving, 503 from the moment SIGTERM arrives.
+# readyz on the admin listener (LAMEDUCK_ADMIN_LISTEN): 200 while serving,
+# 503 from the moment SIGTERM arrives.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
     CMD ["/usr/local/bin/lameduck", "healthcheck"]
 

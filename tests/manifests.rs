@@ -192,10 +192,16 @@ fn resolve_port(container: &Value, port: &Value) -> u64 {
         .unwrap_or_else(|| panic!("the container has no port named {name}"))
 }
 
-fn container_port(container: &Value) -> u64 {
+/// The container port named `name`.
+fn named_port(container: &Value, name: &str) -> u64 {
     let ports = seq_at(&container["ports"], "ports");
-    assert_eq!(ports.len(), 1, "the server listens on one port");
-    u64_at(&ports[0]["containerPort"], "containerPort")
+    assert_eq!(ports.len(), 2, "the server listens on two ports: http and admin");
+    resolve_port(container, &Value::String(name.to_owned()))
+}
+
+/// The service's port.
+fn container_port(container: &Value) -> u64 {
+    named_port(container, "http")
 }
 
 #[test]
@@ -228,12 +234,33 @@ fn grace_period_outlasts_the_shutdown_budget() {
     );
 }
 
+// The kubelet probes the admin listener, which public traffic cannot
+// starve (it is outside the connection cap and load shedding), on the pod's
+// IP; Prometheus is told to scrape it there too.
 #[test]
 fn probes_ask_the_server_where_it_listens() {
     let deployment = deployment();
     let container = server_container(&deployment);
     let config = server_config(&container);
     let port = container_port(&container);
+    let admin = named_port(&container, "admin");
+    assert!(
+        config.admin_listen.ip().is_unspecified(),
+        "LAMEDUCK_ADMIN_LISTEN ({}) must be a wildcard address for the kubelet to reach it",
+        config.admin_listen
+    );
+    assert_eq!(
+        u64::from(config.admin_listen.port()),
+        admin,
+        "LAMEDUCK_ADMIN_LISTEN's port must be the admin containerPort"
+    );
+    let annotations = string_map(
+        &deployment["spec"]["template"]["metadata"]["annotations"],
+        "pod annotations",
+    );
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(annotations["prometheus.io/port"], admin.to_string());
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
 
     assert!(
         config.listen.ip().is_unspecified(),
@@ -254,7 +281,11 @@ fn probes_ask_the_server_where_it_listens() {
         let get = &container[probe]["httpGet"];
         assert!(get.is_mapping(), "{probe} should be an httpGet probe");
         assert_eq!(str_at(&get["path"], probe), path, "{probe} path");
-        assert_eq!(resolve_port(&container, &get["port"]), port, "{probe} port");
+        assert_eq!(
+            resolve_port(&container, &get["port"]),
+            admin,
+            "{probe} asks the admin port"
+        );
         assert!(
             get["scheme"].is_null() || get["scheme"].as_str() == Some("HTTP"),
             "{probe}: the server speaks plain HTTP"
@@ -569,10 +600,11 @@ fn dockerfile_agrees_with_the_deployment() {
     let deployment = deployment();
     let container = server_container(&deployment);
     let port = container_port(&container);
+    let admin = named_port(&container, "admin");
     assert_eq!(
         last("EXPOSE"),
-        format!("{port}"),
-        "EXPOSE is the containerPort"
+        format!("{port} {admin}"),
+        "EXPOSE is the containerPorts"
     );
 
     let user = last("USER");
@@ -589,6 +621,10 @@ fn dockerfile_agrees_with_the_deployment() {
     );
 
     let env: String = all("ENV").join(" ");
+    assert!(
+        env.contains(&format!("LAMEDUCK_ADMIN_LISTEN=0.0.0.0:{admin}")),
+        "the image serves the admin port on every interface: {env}"
+    );
     let image_listen = env
         .split_whitespace()
         .find_map(|kv| kv.strip_prefix("LAMEDUCK_LISTEN="))

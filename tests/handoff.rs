@@ -56,15 +56,18 @@ const INHERITED: &str = "serving an inherited listening socket";
 
 // === tests ===
 
-// Gap: socket activation end to end. The server serves the socket it is
-// given instead of binding `--listen` (an address already taken, so binding
-// it would fail), and connections made while no process runs wait in the
-// socket's backlog and are answered by the next process given the socket.
-// That is what `systemctl restart` relies on with a `.socket` unit.
+// Gap: socket activation end to end. The server serves the sockets it is
+// given (fd 3 public, fd 4 admin) instead of binding `--listen` and
+// `--admin-listen` (an address already taken, so binding it would fail),
+// and connections made while no process runs wait in the sockets' backlogs
+// and are answered by the next process given them. That is what
+// `systemctl restart` relies on with a `.socket` unit.
 #[test]
 fn socket_activation_serves_the_inherited_listener() {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind the activation socket");
     let addr = listener.local_addr().expect("its address");
+    let admin_listener = TcpListener::bind("127.0.0.1:0").expect("bind the admin socket");
+    let admin = admin_listener.local_addr().expect("its address");
     // `--listen` names a port somebody else holds: if the server tried to
     // bind it instead of using fd 3, it would fail to start.
     let taken = TcpListener::bind("127.0.0.1:0").expect("bind a blocker");
@@ -72,11 +75,11 @@ fn socket_activation_serves_the_inherited_listener() {
     let data = tempdir("lameduck-activation-");
 
     let activated = |listener: &TcpListener| {
-        let mut command = server_command(Path::new(BINARY), ANY_PORT);
+        let mut command = server_command(Path::new(BINARY), &taken_addr);
         command
             .args(["--listen", &taken_addr, "--data-dir"])
             .arg(data.path());
-        pass_listener(&mut command, listener);
+        pass_listeners(&mut command, &[listener, &admin_listener]);
         Server::spawn(&mut command)
     };
 
@@ -87,6 +90,10 @@ fn socket_activation_serves_the_inherited_listener() {
     let response = get(&mut client, "/healthz").expect("GET /healthz");
     assert_eq!(response.status, 200, "{response:?}");
     drop(client);
+    let mut probe = connect(admin);
+    let response = get(&mut probe, "/metrics").expect("GET /metrics on the admin socket");
+    assert_eq!(response.status, 200, "{response:?}");
+    drop(probe);
     first.signal(Signal::SIGTERM);
     assert_eq!(first.exit_code(PATIENCE), 0, "{}", first.log_text());
 
@@ -94,9 +101,17 @@ fn socket_activation_serves_the_inherited_listener() {
     // it, as systemd would): the connection is queued, not refused.
     let mut queued = connect(addr);
     write!(queued, "GET /healthz HTTP/1.1\r\nHost: lameduck\r\n\r\n").expect("send a request");
+    let mut queued_probe = connect(admin);
+    write!(
+        queued_probe,
+        "GET /readyz HTTP/1.1\r\nHost: lameduck\r\n\r\n"
+    )
+    .expect("send a probe");
 
     let mut second = activated(&listener);
     let response = read_response(&mut queued).expect("the queued request is answered");
+    assert_eq!(response.status, 200, "{response:?}");
+    let response = read_response(&mut queued_probe).expect("the queued probe is answered");
     assert_eq!(response.status, 200, "{response:?}");
     second.expect_log(INHERITED);
     second.signal(Signal::SIGTERM);
@@ -298,16 +313,19 @@ fn server_command(exe: &Path, admin: &str) -> Command {
     command
 }
 
-/// Passes `listener` as fd 3 with `LISTEN_FDS=1`, as systemd does.
-fn pass_listener(command: &mut Command, listener: &TcpListener) {
-    let socket: OwnedFd = listener.try_clone().expect("duplicate the socket").into();
+/// Passes `listeners` as fds 3, 4, … with `LISTEN_FDS`, as systemd does.
+fn pass_listeners(command: &mut Command, listeners: &[&TcpListener]) {
+    let mappings = (3..)
+        .zip(listeners)
+        .map(|(child_fd, listener)| FdMapping {
+            parent_fd: OwnedFd::from(listener.try_clone().expect("duplicate the socket")),
+            child_fd,
+        })
+        .collect();
     command
-        .env("LISTEN_FDS", "1")
-        .fd_mappings(vec![FdMapping {
-            parent_fd: socket,
-            child_fd: 3,
-        }])
-        .expect("fd 3 is free");
+        .env("LISTEN_FDS", listeners.len().to_string())
+        .fd_mappings(mappings)
+        .expect("the fds are free");
 }
 
 /// The pid in `path`, if it holds one.

@@ -195,7 +195,11 @@ fn resolve_port(container: &Value, port: &Value) -> u64 {
 /// The container port named `name`.
 fn named_port(container: &Value, name: &str) -> u64 {
     let ports = seq_at(&container["ports"], "ports");
-    assert_eq!(ports.len(), 2, "the server listens on two ports: http and admin");
+    assert_eq!(
+        ports.len(),
+        2,
+        "the server listens on two ports: http and admin"
+    );
     resolve_port(container, &Value::String(name.to_owned()))
 }
 

@@ -35,7 +35,10 @@ use sqlx::{Connection, Executor};
 use tempfile::TempDir;
 use tokio::runtime::Runtime;
 
-use support::binary::{connect, get, read_response, wait_for_eof, LameduckProcess, RawResponse};
+use support::binary::{
+    connect, finish_slow_post_of, get, read_response, start_slow_post_of, wait_for_eof,
+    LameduckProcess, RawResponse,
+};
 use support::postgres::PgCluster;
 
 /// Generous bound on anything that should take milliseconds; reaching it is
@@ -47,8 +50,6 @@ const FEW_SECONDS: Duration = Duration::from_secs(5);
 /// "Quickly": the bound on an answer that must not wait for anything (a
 /// shed request, a request failing fast while the database is down).
 const QUICKLY: Duration = Duration::from_secs(2);
-/// The slow-POST helpers send this much of a body with the request head.
-const SPLIT: usize = 10;
 /// Words that would betray internals in an error body.
 const INTERNALS: [&str; 6] = [
     "sqlx",
@@ -200,27 +201,6 @@ fn post_links(addr: SocketAddr, body: &[u8], content_type: Option<&str>) -> RawR
 
 fn post_json(addr: SocketAddr, body: &str) -> RawResponse {
     post_links(addr, body.as_bytes(), Some("application/json"))
-}
-
-/// Sends the head of `POST /api/links` for `body` and its first [`SPLIT`]
-/// bytes; the handler waits for the rest ([`finish_slow_post`]).
-fn start_slow_post(addr: SocketAddr, body: &str) -> TcpStream {
-    let mut stream = connect(addr);
-    write!(
-        stream,
-        "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{}",
-        body.len(),
-        &body[..SPLIT]
-    )
-    .expect("send the request head");
-    stream
-}
-
-fn finish_slow_post(stream: &mut TcpStream, body: &str) {
-    stream
-        .write_all(&body.as_bytes()[SPLIT..])
-        .expect("send the rest of the body");
 }
 
 /// The body of a link with a custom `code`.
@@ -1093,7 +1073,7 @@ fn slow_bodies_hold_no_concurrency_slot_and_normal_clients_keep_being_served() {
         "served"
     };
     let slow: Vec<TcpStream> = (0..40)
-        .map(|i| start_slow_post(addr, &link_body(&format!("slow-{i}"))))
+        .map(|i| start_slow_post_of(addr, &link_body(&format!("slow-{i}"))))
         .collect();
     wait_in_flight(admin, 40);
 
@@ -1133,7 +1113,7 @@ fn a_stalled_body_gets_408_with_a_json_error_after_the_body_read_timeout() {
     let admin = server.admin();
     let body = link_body("stalled");
     let started = Instant::now();
-    let mut stalled = start_slow_post(addr, &body);
+    let mut stalled = start_slow_post_of(addr, &body);
     let response = read_response(&mut stalled).expect("an answer to the stalled body");
     let took = started.elapsed();
     let message = assert_json_error(&response, 408, "a stalled body");
@@ -1217,7 +1197,7 @@ fn idle_keepalive_connections_are_closed_after_the_idle_timeout() {
     let admin = server.admin();
 
     let body = link_body("long-request");
-    let mut busy = start_slow_post(addr, &body);
+    let mut busy = start_slow_post_of(addr, &body);
     let busy_since = Instant::now();
     wait_in_flight(admin, 1);
 
@@ -1252,7 +1232,7 @@ fn idle_keepalive_connections_are_closed_after_the_idle_timeout() {
         silent_for(&busy, Duration::from_millis(1)),
         "the connection of a request in flight was closed"
     );
-    finish_slow_post(&mut busy, &body);
+    finish_slow_post_of(&mut busy, &body);
     let response = read_response(&mut busy).expect("the long request is answered");
     assert_eq!(response.status, 201, "{response:?}");
     assert!(!response.closes_connection(), "{response:?}");

@@ -475,16 +475,22 @@ pub const LINK: &str = r#"{"url":"https://example.com/x"}"#;
 pub const LINK_SPLIT: usize = 10;
 
 /// Sends the head of `POST /api/links` and the first [`LINK_SPLIT`] bytes
-/// of its body: the handler waits for the rest in its JSON extractor, which
-/// holds a request in flight without any debug route.
+/// of [`LINK`]: the handler waits for the rest, which holds a request in
+/// flight without any debug route.
 pub fn start_slow_post(addr: SocketAddr) -> TcpStream {
+    start_slow_post_of(addr, LINK)
+}
+
+/// Like [`start_slow_post`], for the JSON `body` (longer than
+/// [`LINK_SPLIT`] bytes).
+pub fn start_slow_post_of(addr: SocketAddr, body: &str) -> TcpStream {
     let mut stream = connect(addr);
     write!(
         stream,
         "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\n\r\n{}",
-        LINK.len(),
-        &LINK[..LINK_SPLIT]
+        body.len(),
+        &body[..LINK_SPLIT]
     )
     .expect("send the request head");
     stream
@@ -492,8 +498,13 @@ pub fn start_slow_post(addr: SocketAddr) -> TcpStream {
 
 /// Sends the rest of the body [`start_slow_post`] began.
 pub fn finish_slow_post(stream: &mut TcpStream) {
+    finish_slow_post_of(stream, LINK);
+}
+
+/// Sends the rest of the `body` [`start_slow_post_of`] began.
+pub fn finish_slow_post_of(stream: &mut TcpStream, body: &str) {
     stream
-        .write_all(&LINK.as_bytes()[LINK_SPLIT..])
+        .write_all(&body.as_bytes()[LINK_SPLIT..])
         .expect("send the rest of the body");
 }
 

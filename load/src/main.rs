@@ -4,6 +4,8 @@
 //! cargo run -p load --release -- rollout            # Scenario 1, every flavor
 //! cargo run -p load --release -- rollout --smoke    # the short correctness run
 //! cargo run -p load --release -- bench              # Scenario 2
+//! cargo run -p load --release -- soak               # idle connections + load past the limit (not in CI)
+//! cargo run -p load --release -- abuse              # slowhttptest slow bodies and slowloris + a normal client (not in CI)
 //! ```
 
 use std::path::PathBuf;
@@ -13,7 +15,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use load::binaries::{self, Binaries};
 use load::machine::Machine;
-use load::{bench, rollout, soak};
+use load::{abuse, bench, rollout, soak};
 
 /// The rollout harness and benchmarks of lameduck.
 #[derive(Debug, Parser)]
@@ -32,6 +34,9 @@ enum Command {
     /// Many idle connections and sustained load past the concurrency limit,
     /// then SIGTERM (not in CI).
     Soak(soak::Options),
+    /// Slow-body and slowloris attacks by slowhttptest while a normal
+    /// client creates links and follows redirects, then SIGTERM (not in CI).
+    Abuse(abuse::Options),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +47,7 @@ fn main() -> ExitCode {
         Command::Rollout(options) => run_rollout(options.resolve(), machine),
         Command::Bench(options) => bench::main(options, machine),
         Command::Soak(options) => soak::main(options, machine),
+        Command::Abuse(options) => abuse::main(options, machine),
     }
 }
 

@@ -73,12 +73,34 @@ impl RawConn {
         self.read_response().await
     }
 
+    /// Sends `request` and reads the whole response, keeping its body (for
+    /// `/metrics`; the benchmarks' hot path uses [`RawConn::exchange`],
+    /// which copies nothing).
+    ///
+    /// # Errors
+    /// As [`RawConn::exchange`].
+    pub async fn exchange_body(&mut self, request: &[u8]) -> io::Result<(Head, Vec<u8>)> {
+        self.stream.write_all(request).await?;
+        let (head, head_end, length) = self.read_whole().await?;
+        let body = self.buf[head_end..head_end + length].to_vec();
+        self.buf.drain(..head_end + length);
+        Ok((head, body))
+    }
+
     /// The stream, for keeping the connection open without using it.
     pub fn into_stream(self) -> TcpStream {
         self.stream
     }
 
     async fn read_response(&mut self) -> io::Result<Head> {
+        let (head, head_end, length) = self.read_whole().await?;
+        self.buf.drain(..head_end + length);
+        Ok(head)
+    }
+
+    /// Reads until one whole response is in the buffer; returns its head,
+    /// where its body starts and the body's length.
+    async fn read_whole(&mut self) -> io::Result<(Head, usize, usize)> {
         let head_end = loop {
             if let Some(end) = find(&self.buf, b"\r\n\r\n") {
                 break end + 4;
@@ -92,8 +114,7 @@ impl RawConn {
         while self.buf.len() < head_end + length {
             self.fill().await?;
         }
-        self.buf.drain(..head_end + length);
-        Ok(Head { status, close })
+        Ok((Head { status, close }, head_end, length))
     }
 
     async fn fill(&mut self) -> io::Result<()> {

@@ -20,6 +20,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::Body as _;
 
 use super::error::ApiError;
 
@@ -45,6 +46,10 @@ pub async fn read_first(
     request: Request,
     next: Next,
 ) -> Response {
+    if request.body().is_end_stream() {
+        // No body (a redirect, a read): nothing to wait for.
+        return next.run(request).await;
+    }
     let (parts, body) = request.into_parts();
     let limited = Limited::new(body, reading.max_bytes);
     match tokio::time::timeout(reading.timeout, limited.collect()).await {

@@ -159,19 +159,24 @@ async fn every_redirect_answered_before_sigterm_is_counted_exactly_on_postgres()
 }
 
 /// Starts the server on `cluster` with hits held in memory (long flush
-/// interval), serves `redirects` redirects, stops PostgreSQL, then SIGTERM:
-/// the hits must be spilled. Returns the spill files.
+/// interval) and its spills going to `spill_dir`, serves `redirects`
+/// redirects, stops PostgreSQL, then SIGTERM: the hits must be spilled.
+/// Returns the spill files.
 async fn spill_with_postgres_down(
     cluster: &PgCluster,
     data: &TempDir,
+    spill_dir: &Path,
     redirects: usize,
 ) -> Vec<std::path::PathBuf> {
     let data_arg = data.path().display().to_string();
+    let spill_arg = spill_dir.display().to_string();
     let url = cluster.url();
     let mut server = LameduckProcess::start(
         &[
             "--data-dir",
             &data_arg,
+            "--spill-dir",
+            &spill_arg,
             "--database-url",
             &url,
             "--flush-interval",
@@ -206,7 +211,7 @@ async fn spill_with_postgres_down(
         "{}",
         server.log_text()
     );
-    let files = spill::pending(&data.path().join("spill")).expect("list spills");
+    let files = spill::pending(spill_dir).expect("list spills");
     assert_eq!(files.len(), 1, "one spill file");
     files
 }
@@ -217,7 +222,7 @@ async fn spill_with_postgres_down(
 async fn postgres_down_at_shutdown_spills_and_the_next_start_applies_it_exactly_once() {
     let cluster = PgCluster::start();
     let data = TempDir::new().expect("tempdir");
-    spill_with_postgres_down(&cluster, &data, 300).await;
+    spill_with_postgres_down(&cluster, &data, &data.path().join("spill"), 300).await;
 
     cluster.start_again();
     let data_arg = data.path().display().to_string();
@@ -258,7 +263,7 @@ async fn postgres_down_at_shutdown_spills_and_the_next_start_applies_it_exactly_
 async fn a_crash_during_replay_still_ends_with_exact_totals() {
     let cluster = PgCluster::start();
     let data = TempDir::new().expect("tempdir");
-    spill_with_postgres_down(&cluster, &data, 200).await;
+    spill_with_postgres_down(&cluster, &data, &data.path().join("spill"), 200).await;
     cluster.start_again();
 
     let admin = PgPoolOptions::new()
@@ -461,29 +466,10 @@ async fn a_running_replica_applies_the_spill_another_replica_left_in_the_shared_
     let cluster = PgCluster::start();
     let shared = TempDir::new().expect("spill dir");
     let (data_a, data_b) = (TempDir::new().expect("a"), TempDir::new().expect("b"));
-    let args_a = shared_spill_args(&data_a, &shared, &cluster);
     let args_b = shared_spill_args(&data_b, &shared, &cluster);
-    let mut a = LameduckProcess::start(&as_strs(&args_a), &[]);
     let mut b = LameduckProcess::start(&as_strs(&args_b), &[]);
-
-    let codes = create_links(a.addr()).await;
-    let client = client();
-    for i in 0..200 {
-        let code = &codes[i % codes.len()];
-        let response = client
-            .get(format!("http://{}/{code}", a.addr()))
-            .send()
-            .await
-            .expect("redirect");
-        assert_eq!(response.status(), 307);
-    }
-    cluster.stop();
-    a.signal(Signal::SIGTERM);
-    assert_eq!(
-        a.exit_code(EXIT_WITHIN),
-        i32::from(Exit::StateSpilled.code())
-    );
-    assert_eq!(spill::pending(shared.path()).expect("list").len(), 1);
+    // Replica A: 200 redirects, PostgreSQL down at its SIGTERM, a spill.
+    spill_with_postgres_down(&cluster, &data_a, shared.path(), 200).await;
 
     cluster.start_again();
     assert!(
@@ -493,7 +479,7 @@ async fn a_running_replica_applies_the_spill_another_replica_left_in_the_shared_
     );
     assert!(spill::pending(shared.path()).expect("list").is_empty());
     assert_eq!(postgres_total(&cluster).await, 200);
-    let info: serde_json::Value = client
+    let info: serde_json::Value = client()
         .get(format!("http://{}/api/links/link-0", b.addr()))
         .send()
         .await

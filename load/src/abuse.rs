@@ -17,7 +17,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, ExitStatus, Stdio};
@@ -34,6 +33,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::binaries::{self, Binaries};
+use crate::fate::Fate;
 use crate::machine::Machine;
 use crate::raw::{self, RawConn};
 use crate::replica::{Ended, Replica, Spec};
@@ -339,49 +339,6 @@ impl Kind {
         match self {
             Kind::Redirect => 307,
             Kind::Creation => 201,
-        }
-    }
-}
-
-/// What happened to one normal request.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Fate {
-    /// The expected status.
-    Ok,
-    /// Another status.
-    Status(u16),
-    /// No whole answer within `--timeout`.
-    Timeout,
-    /// The connection was refused.
-    Refused,
-    /// The connection was reset or closed before the answer.
-    Reset,
-    /// Any other error.
-    Error(String),
-}
-
-impl Fate {
-    /// Its class, for the table: `"timeout"`, `"status 503"`, …
-    pub fn class(&self) -> String {
-        match self {
-            Fate::Ok => "ok".to_owned(),
-            Fate::Status(status) => format!("status {status}"),
-            Fate::Timeout => "timeout".to_owned(),
-            Fate::Refused => "refused".to_owned(),
-            Fate::Reset => "reset".to_owned(),
-            Fate::Error(_) => "other error".to_owned(),
-        }
-    }
-
-    fn of(error: &io::Error) -> Fate {
-        match error.kind() {
-            io::ErrorKind::ConnectionRefused => Fate::Refused,
-            io::ErrorKind::ConnectionReset
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::BrokenPipe
-            | io::ErrorKind::UnexpectedEof => Fate::Reset,
-            _ => Fate::Error(error.to_string()),
         }
     }
 }
@@ -843,9 +800,8 @@ async fn normal_client(addr: SocketAddr, options: &Options) -> Vec<Record> {
             })
             .await;
             let fate = match answer {
-                Ok(Ok(head)) if head.status == kind.expected() => Fate::Ok,
-                Ok(Ok(head)) => Fate::Status(head.status),
-                Ok(Err(error)) => Fate::of(&error),
+                Ok(Ok(head)) => Fate::of_status(head.status, kind.expected()),
+                Ok(Err(error)) => Fate::of_io(&error).unwrap_or(Fate::OtherError),
                 Err(_) => Fate::Timeout,
             };
             Record {
@@ -860,12 +816,15 @@ async fn normal_client(addr: SocketAddr, options: &Options) -> Vec<Record> {
     while let Some(done) = tasks.join_next().await {
         match done {
             Ok(record) => records.push(record),
-            Err(error) => records.push(Record {
-                kind: Kind::Redirect,
-                due_ms: 0.0,
-                latency_ms: 0.0,
-                fate: Fate::Error(format!("task failed: {error}")),
-            }),
+            Err(error) => {
+                eprintln!("load abuse: a request task failed: {error}");
+                records.push(Record {
+                    kind: Kind::Redirect,
+                    due_ms: 0.0,
+                    latency_ms: 0.0,
+                    fate: Fate::OtherError,
+                });
+            }
         }
     }
     records.sort_by(|a, b| a.due_ms.total_cmp(&b.due_ms));
@@ -912,14 +871,17 @@ fn summarize(records: &[Record], kind: Kind) -> KindSummary {
     let mut summary = KindSummary::default();
     for record in records.iter().filter(|r| r.kind == kind) {
         summary.requests += 1;
-        if record.fate == Fate::Ok {
+        if record.fate == Fate::Success {
             summary.succeeded += 1;
             report::record(
                 &mut latency,
                 Duration::from_secs_f64(record.latency_ms / 1e3),
             );
         } else {
-            *summary.failures.entry(record.fate.class()).or_default() += 1;
+            *summary
+                .failures
+                .entry(record.fate.as_str().to_owned())
+                .or_default() += 1;
         }
     }
     #[allow(clippy::cast_precision_loss)]

@@ -94,6 +94,18 @@ async fn redirect_storm(
     answered.load(Ordering::SeqCst)
 }
 
+/// `GET /api/links/{code}`, as JSON.
+async fn link_info(addr: SocketAddr, code: &str) -> serde_json::Value {
+    client()
+        .get(format!("http://{addr}/api/links/{code}"))
+        .send()
+        .await
+        .expect("GET /api/links/{code}")
+        .json()
+        .await
+        .expect("JSON")
+}
+
 async fn sqlite_total(data_dir: &Path) -> i64 {
     let url = format!("sqlite://{}", data_dir.join("lameduck.db").display());
     let pool = SqlitePoolOptions::new()
@@ -236,14 +248,7 @@ async fn postgres_down_at_shutdown_spills_and_the_next_start_applies_it_exactly_
     for run in 0..2 {
         let mut server = LameduckProcess::start(&args, &[]);
         // Ready means recovered: the replay happens before the listener.
-        let info: serde_json::Value = client()
-            .get(format!("http://{}/api/links/link-0", server.addr()))
-            .send()
-            .await
-            .expect("info")
-            .json()
-            .await
-            .expect("json");
+        let info = link_info(server.addr(), "link-0").await;
         assert_eq!(info["hits"], 30, "run {run}");
         assert_eq!(postgres_total(&cluster).await, 300, "run {run}");
         assert!(
@@ -479,14 +484,7 @@ async fn a_running_replica_applies_the_spill_another_replica_left_in_the_shared_
     );
     assert!(spill::pending(shared.path()).expect("list").is_empty());
     assert_eq!(postgres_total(&cluster).await, 200);
-    let info: serde_json::Value = client()
-        .get(format!("http://{}/api/links/link-0", b.addr()))
-        .send()
-        .await
-        .expect("info")
-        .json()
-        .await
-        .expect("json");
+    let info = link_info(b.addr(), "link-0").await;
     assert_eq!(info["hits"], 20);
     b.signal(Signal::SIGTERM);
     assert_eq!(b.exit_code(EXIT_WITHIN), 0, "{}", b.log_text());

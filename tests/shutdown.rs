@@ -117,9 +117,18 @@ fn the_admin_listener_answers_through_the_drain_and_closes_after_the_finalizers(
     server.signal(Signal::SIGTERM);
     assert_logged(&server, DRAINING);
     assert_refused(&mut server, addr);
-    let readiness = ready("/readyz");
-    assert_eq!(readiness.status, 503, "{readiness:?}");
-    assert_eq!(readiness.json()["phase"], "draining", "{readiness:?}");
+    // The drain's log line comes just before its phase: every answer is a
+    // 503, and the phase reaches `draining` with the request still held.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let readiness = ready("/readyz");
+        assert_eq!(readiness.status, 503, "{readiness:?}");
+        if readiness.json()["phase"] == "draining" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never draining: {readiness:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(ready("/healthz").status, 200);
     let metrics = ready("/metrics");
     assert_eq!(metrics.status, 200);

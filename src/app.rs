@@ -11,9 +11,12 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
 use crate::config::ServerConfig;
+use crate::http::lifecycle_metrics::LifecycleCollector;
 use crate::http::{self, AppState, GuardMetrics, HttpMetrics, Startup};
 use crate::lifecycle::handoff::Listeners;
-use crate::lifecycle::{self, DrainReport, Phase, Shutdown, StopReport, Workers, LOG_TARGET};
+use crate::lifecycle::{
+    self, DrainReport, Lifecycle, StopReport, ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE, LOG_TARGET,
+};
 use crate::links::cache::LinkCache;
 use crate::links::hits::{self, HitCounter};
 use crate::links::live::LiveHits;
@@ -39,17 +42,22 @@ pub const POOL_CLOSE_BUDGET: Duration = Duration::from_secs(2);
 /// another replica (or an earlier run) left, and applies them.
 pub const SPILL_SCAN_INTERVAL: Duration = Duration::from_secs(5);
 
-/// How long the admin listener, closed after the finalizers, lets the probe
-/// and scrape requests in flight finish.
-pub const ADMIN_CLOSE_GRACE: Duration = Duration::from_millis(500);
-
 /// The whole finalize phase at its worst: stopping workers, every
 /// finalizer's budget, and closing the admin listener. Part of
-/// [`ServerConfig::shutdown_budget`].
+/// [`shutdown_budget`].
 pub const FINALIZE_BUDGET: Duration = FLUSHER_STOP_BUDGET
     .saturating_add(FINAL_FLUSH_BUDGET)
     .saturating_add(POOL_CLOSE_BUDGET)
     .saturating_add(ADMIN_CLOSE_GRACE);
+
+/// The longest a clean-up can take from the first signal to exit: lame
+/// duck + drain timeout + the deadline's cleanup grace + stopping workers
+/// and running finalizers. A supervisor's grace period (Kubernetes'
+/// `terminationGracePeriodSeconds`) must be longer, or it kills the process
+/// mid-drain.
+pub fn shutdown_budget(config: &ServerConfig) -> Duration {
+    config.drain_delay + config.shutdown_timeout + DEADLINE_CLEANUP_GRACE + FINALIZE_BUDGET
+}
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -89,38 +97,8 @@ pub struct AppParts {
     pub router: Router,
     /// The open database.
     pub storage: Storage,
-    /// The hit flusher and the finalizers; call [`Workers::stop`] after
-    /// serving, as [`App::run`] does.
-    pub workers: Workers,
-    /// The timeline's owner, for the server loop.
-    pub shutdown: Shutdown,
-}
-
-/// The admin listener and what it serves.
-#[derive(Debug)]
-struct Admin {
-    listener: TcpListener,
-    router: Router,
-}
-
-impl Admin {
-    /// Serves the admin endpoints until `closing` resolves, then lets the
-    /// requests in flight finish (bounded by the caller).
-    async fn serve(self, closing: tokio::sync::oneshot::Receiver<()>) {
-        match self.listener.local_addr() {
-            Ok(addr) => tracing::info!("admin endpoints on http://{addr}"),
-            Err(error) => tracing::warn!(%error, "admin endpoints on an unknown address"),
-        }
-        let served = axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(async {
-                let _ = closing.await;
-            })
-            .await;
-        match served {
-            Ok(()) => tracing::info!(target: LOG_TARGET, "admin listener closed"),
-            Err(error) => tracing::warn!(target: LOG_TARGET, %error, "admin listener failed"),
-        }
-    }
+    /// The lifecycle, with the hit flusher and the finalizers registered.
+    pub lifecycle: Lifecycle,
 }
 
 /// Binds `addr`, or serves `inherited` (a socket passed down) instead.
@@ -161,11 +139,11 @@ pub struct RunReport {
 pub struct App {
     listener: TcpListener,
     router: Router,
-    admin: Admin,
-    shutdown: Shutdown,
+    admin_listener: TcpListener,
+    admin_router: Router,
+    lifecycle: Lifecycle,
     storage: Storage,
     hits: HitCounter,
-    workers: Workers,
     config: ServerConfig,
 }
 
@@ -175,28 +153,24 @@ impl App {
     ///
     /// # Errors
     /// A [`StartupError`] naming what failed.
-    pub async fn build(config: ServerConfig, shutdown: Shutdown) -> Result<App, StartupError> {
-        App::build_on(config, shutdown, Listeners::default()).await
+    pub async fn build(config: ServerConfig, lifecycle: Lifecycle) -> Result<App, StartupError> {
+        App::build_on(config, lifecycle, Listeners::default()).await
     }
 
     /// Like [`App::build`], but serves the `inherited` listening sockets
     /// (passed down by systemd or a predecessor) instead of binding
-    /// `--listen` and `--admin-listen`.
-    /// `shutdown` is the timeline's owner: take the [`Trigger`] and
-    /// [`Force`] handles the caller needs from it first.
-    ///
-    /// [`Trigger`]: crate::lifecycle::Trigger
-    /// [`Force`]: crate::lifecycle::Force
+    /// `--listen` and `--admin-listen`. `lifecycle` owns the timeline:
+    /// take the handles the caller needs from it first.
     ///
     /// # Errors
     /// A [`StartupError`] naming what failed.
     pub async fn build_on(
         config: ServerConfig,
-        shutdown: Shutdown,
+        mut lifecycle: Lifecycle,
         inherited: Listeners,
     ) -> Result<App, StartupError> {
         let mut registry = Registry::with_prefix("lameduck");
-        shutdown.watch().metrics().register(&mut registry);
+        LifecycleCollector::register(lifecycle.watch().metrics(), &mut registry);
         let http_metrics = HttpMetrics::default();
         http_metrics.register(&mut registry);
         let storage_metrics = StorageMetrics::default();
@@ -226,7 +200,7 @@ impl App {
         let listener = listen(config.listen, inherited.public).await?;
         let admin_listener = listen(config.admin_listen, inherited.admin).await?;
 
-        let mut workers = Workers::new(&shutdown);
+        let workers = lifecycle.workers();
         // Finalizers run last-registered first: the pool closes after the
         // final flush has used it.
         workers.on_shutdown("close database pool", POOL_CLOSE_BUDGET, {
@@ -277,7 +251,7 @@ impl App {
 
         let startup = Startup::default();
         let state = AppState {
-            shutdown: shutdown.watch().clone(),
+            shutdown: lifecycle.watch().clone(),
             startup: startup.clone(),
             registry: Arc::new(registry),
             http_metrics,
@@ -293,14 +267,11 @@ impl App {
         Ok(App {
             listener,
             router,
-            admin: Admin {
-                listener: admin_listener,
-                router: admin_router,
-            },
-            shutdown,
+            admin_listener,
+            admin_router,
+            lifecycle,
             storage,
             hits,
-            workers,
             config,
         })
     }
@@ -320,8 +291,7 @@ impl App {
     /// # Panics
     /// If the OS cannot report the address of a bound socket.
     pub fn admin_addr(&self) -> SocketAddr {
-        self.admin
-            .listener
+        self.admin_listener
             .local_addr()
             .expect("a bound listener has a local address")
     }
@@ -336,25 +306,10 @@ impl App {
         &self.hits
     }
 
-    /// Second handles on the public and the admin socket, to pass to a
-    /// successor.
-    ///
-    /// # Errors
-    /// If a descriptor cannot be duplicated.
-    pub fn listener_handles(
-        &self,
-    ) -> std::io::Result<(std::net::TcpListener, std::net::TcpListener)> {
-        use std::os::fd::AsFd;
-        Ok((
-            self.listener.as_fd().try_clone_to_owned()?.into(),
-            self.admin.listener.as_fd().try_clone_to_owned()?.into(),
-        ))
-    }
-
     /// Registers more workers and finalizers before the app runs (finalizers
     /// added here run before the app's own).
-    pub fn workers_mut(&mut self) -> &mut Workers {
-        &mut self.workers
+    pub fn workers_mut(&mut self) -> &mut lifecycle::Workers {
+        self.lifecycle.workers()
     }
 
     /// Takes the app apart, for serving its router with another server loop
@@ -364,8 +319,7 @@ impl App {
             listener: self.listener,
             router: self.router,
             storage: self.storage,
-            workers: self.workers,
-            shutdown: self.shutdown,
+            lifecycle: self.lifecycle,
         }
     }
 
@@ -373,37 +327,19 @@ impl App {
     /// workers and runs the finalizers (the final flush, then closing the
     /// pool).
     pub async fn run(self) -> RunReport {
-        let App {
-            listener,
-            router,
-            admin,
-            shutdown,
-            storage: _,
-            hits,
-            workers,
-            config,
-        } = self;
-        let (close_admin, admin_closing) = tokio::sync::oneshot::channel();
-        let mut admin = tokio::spawn(admin.serve(admin_closing));
-        let drain = lifecycle::serve(listener, router, &shutdown, config.serve()).await;
-        let stop = workers.stop().await;
-        shutdown.set_phase(Phase::Stopped);
-        // The admin listener closes last: a probe during the drain and the
-        // finalizers is answered, never refused.
-        let _ = close_admin.send(());
-        if stop.forced
-            || tokio::time::timeout(ADMIN_CLOSE_GRACE, &mut admin)
-                .await
-                .is_err()
-        {
-            admin.abort();
-        }
+        let report = self
+            .lifecycle
+            .serve(self.listener, self.router)
+            .config(self.config.serve())
+            .admin(self.admin_listener, self.admin_router)
+            .run()
+            .await;
         RunReport {
-            drain,
-            stop,
-            flushed_hits: hits.flushed(),
-            spilled_hits: hits.spilled(),
-            lost_hits: hits.lost(),
+            drain: report.drain,
+            stop: report.stop,
+            flushed_hits: self.hits.flushed(),
+            spilled_hits: self.hits.spilled(),
+            lost_hits: self.hits.lost(),
         }
     }
 }
@@ -439,5 +375,22 @@ fn log_replayed(replayed: spill::Replayed) {
             already_applied = replayed.already_applied,
             "applied spilled hits"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::config::{Cli, Command};
+
+    #[test]
+    fn the_default_shutdown_budget_fits_the_default_kubernetes_grace_period() {
+        let cli = Cli::try_parse_from(["lameduck", "server"]).expect("defaults parse");
+        let Command::Server(config) = cli.command else {
+            unreachable!("parsed the server subcommand")
+        };
+        assert!(shutdown_budget(&config) < Duration::from_secs(30));
     }
 }

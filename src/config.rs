@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::http::HttpLimits;
-use crate::lifecycle::{ServeConfig, DEADLINE_CLEANUP_GRACE};
+use crate::lifecycle::ServeConfig;
 
 /// lameduck: an HTTP service that stops, restarts and rolls out under load
 /// without dropping a request or losing a byte.
@@ -172,18 +172,6 @@ impl ServerConfig {
             body_read_timeout: self.body_read_timeout,
         }
     }
-
-    /// The longest a clean-up can take from the first signal to exit:
-    /// lame duck + drain timeout + the deadline's cleanup grace + stopping
-    /// workers and running finalizers. A supervisor's grace period
-    /// (Kubernetes' `terminationGracePeriodSeconds`) must be longer, or it
-    /// kills the process mid-drain.
-    pub fn shutdown_budget(&self) -> Duration {
-        self.drain_delay
-            + self.shutdown_timeout
-            + DEADLINE_CLEANUP_GRACE
-            + crate::app::FINALIZE_BUDGET
-    }
 }
 
 fn parse_positive_duration(value: &str) -> Result<Duration, String> {
@@ -233,11 +221,10 @@ mod tests {
     }
 
     #[test]
-    fn defaults_fit_kubernetes_default_grace_period() {
+    fn default_drain_delay_and_shutdown_timeout() {
         let config = server(&[]).expect("defaults parse");
         assert_eq!(config.drain_delay, Duration::ZERO);
         assert_eq!(config.shutdown_timeout, Duration::from_secs(20));
-        assert!(config.shutdown_budget() < Duration::from_secs(30));
     }
 
     #[test]

@@ -36,9 +36,10 @@ pub mod config;
 pub mod exit;
 pub mod healthcheck;
 pub mod http;
-pub mod lifecycle;
 pub mod links;
 pub mod storage;
 pub mod telemetry;
 
 pub use app::App;
+/// The lifecycle crate, under the name the service has always used for it.
+pub use lameduck_lifecycle as lifecycle;

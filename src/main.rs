@@ -11,9 +11,8 @@ use lameduck::exit::Exit;
 use std::path::Path;
 
 use lameduck::lifecycle::handoff::{self, Successor};
-use lameduck::lifecycle::{error_chain, signal, LifecycleMetrics, Shutdown, LOG_TARGET};
+use lameduck::lifecycle::{error_chain, Lifecycle, LOG_TARGET};
 use lameduck::{healthcheck, telemetry, App};
-use tokio::signal::unix::{signal as unix_signal, SignalKind};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -63,61 +62,34 @@ fn main() -> ExitCode {
 
 async fn server(config: ServerConfig, inherited: handoff::Listeners) -> Exit {
     // Handlers first: from here on a signal is queued, not fatal.
-    let (signals, hangups) = match (
-        signal::Signals::install(),
-        unix_signal(SignalKind::hangup()),
-    ) {
-        (Ok(signals), Ok(hangups)) => (signals, hangups),
-        (Err(error), _) | (_, Err(error)) => {
+    let lifecycle = match Lifecycle::new().with_signals() {
+        Ok(lifecycle) => lifecycle,
+        Err(error) => {
             tracing::error!(%error, "cannot install signal handlers");
             return Exit::Startup;
         }
     };
-    let successor = match Successor::current() {
-        Ok(successor) => successor,
+    let lifecycle = match Successor::current().and_then(|s| lifecycle.with_upgrade(s)) {
+        Ok(lifecycle) => lifecycle,
         Err(error) => {
-            tracing::error!(%error, "cannot find this program's binary");
+            tracing::error!(%error, "in-place upgrade unavailable (SIGHUP handler or own binary)");
             return Exit::Startup;
         }
     };
-    let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let (watch, trigger) = (shutdown.watch().clone(), shutdown.trigger_handle());
-    tokio::spawn(signal::forward(
-        signals,
-        trigger.clone(),
-        shutdown.force_handle(),
-    ));
-    tokio::spawn({
-        let watch = watch.clone();
-        async move {
-            watch.triggered().await;
-            handoff::notify_stopping();
-        }
-    });
-
     let pid_file = config.pid_file.clone();
-    let app = match App::build_on(config, shutdown, inherited).await {
+    let app = match App::build_on(config, lifecycle, inherited).await {
         Ok(app) => app,
         Err(error) => {
             tracing::error!("startup failed: {}", error_chain(&error));
             return Exit::Startup;
         }
     };
-    match app.listener_handles() {
-        Ok((public, admin)) => {
-            tokio::spawn(handoff::upgrade_on_hangup(
-                hangups, public, admin, successor, watch, trigger,
-            ));
-        }
-        Err(error) => tracing::warn!(%error, "in-place upgrade unavailable"),
-    }
     if let Some(path) = &pid_file {
         if let Err(error) = write_pid_file(path) {
             tracing::error!(%error, path = %path.display(), "cannot write the pid file");
             return Exit::Startup;
         }
     }
-    handoff::notify_ready();
 
     let report = app.run().await;
     if let Some(path) = &pid_file {

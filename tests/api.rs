@@ -13,7 +13,7 @@ use hyper::header::{HeaderValue, CONTENT_LENGTH, HOST, LOCATION};
 use hyper::service::Service as _;
 use hyper::{Request, StatusCode, Version};
 use lameduck::http::{self, AppState, GuardMetrics, HttpLimits, HttpMetrics, Startup};
-use lameduck::lifecycle::{LifecycleMetrics, Scoped, Shutdown};
+use lameduck::lifecycle::{Scoped, Shutdown};
 use lameduck::links::cache::LinkCache;
 use lameduck::links::hits::HitCounter;
 use lameduck::links::live::LiveHits;
@@ -48,7 +48,7 @@ struct Answer {
 impl TestApp {
     async fn new() -> TestApp {
         let data = TempDir::new().expect("tempdir");
-        let shutdown = Shutdown::new(LifecycleMetrics::default());
+        let shutdown = Shutdown::new();
         let mut registry = Registry::with_prefix("lameduck");
         let guard_metrics = GuardMetrics::default();
         guard_metrics.register(&mut registry);

@@ -20,7 +20,7 @@ use hyper::service::Service as _;
 use hyper::Request;
 use lameduck::config::{Cli, Command, ServerConfig};
 use lameduck::exit::Exit;
-use lameduck::lifecycle::{self, DrainOutcome, LifecycleMetrics, Scoped, ServeConfig, Shutdown};
+use lameduck::lifecycle::{self, DrainOutcome, Lifecycle, Scoped, ServeConfig, Shutdown};
 use lameduck::storage::{Storage, StorageMetrics, StoredLink};
 use lameduck::App;
 use sqlx::postgres::PgPoolOptions;
@@ -58,9 +58,9 @@ fn server_config(database_url: Option<&str>, data_dir: &TempDir, pool: u32) -> S
 async fn app_with_pool_of_one(
     database_url: Option<&str>,
     data: &TempDir,
-    shutdown: Shutdown,
+    lifecycle: Lifecycle,
 ) -> App {
-    App::build(server_config(database_url, data, 1), shutdown)
+    App::build(server_config(database_url, data, 1), lifecycle)
         .await
         .expect("app")
 }
@@ -254,9 +254,9 @@ async fn create_via_http(addr: SocketAddr, code: &str) -> u16 {
 async fn a_client_leaving_a_blocked_insert_cancels_it_and_returns_the_connection_clean() {
     let cluster = PgCluster::start();
     let data = TempDir::new().expect("tempdir");
-    let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let trigger = shutdown.trigger_handle();
-    let app = app_with_pool_of_one(Some(&cluster.url()), &data, shutdown).await;
+    let lifecycle = Lifecycle::new();
+    let trigger = lifecycle.trigger_handle();
+    let app = app_with_pool_of_one(Some(&cluster.url()), &data, lifecycle).await;
     let (addr, admin_addr) = (app.local_addr(), app.admin_addr());
     let serving = tokio::spawn(app.run());
     let admin = admin_pool(&cluster).await;
@@ -330,9 +330,9 @@ async fn unguarded_create(
 async fn without_the_guard_the_same_scenario_leaves_the_bad_state_the_test_detects() {
     let cluster = PgCluster::start();
     let data = TempDir::new().expect("tempdir");
-    let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let trigger = shutdown.trigger_handle();
-    let app = app_with_pool_of_one(Some(&cluster.url()), &data, shutdown).await;
+    let lifecycle = Lifecycle::new();
+    let trigger = lifecycle.trigger_handle();
+    let app = app_with_pool_of_one(Some(&cluster.url()), &data, lifecycle).await;
     let parts = app.into_parts();
     let addr = parts.listener.local_addr().expect("addr");
     let router = Router::new()
@@ -344,7 +344,7 @@ async fn without_the_guard_the_same_scenario_leaves_the_bad_state_the_test_detec
         shutdown_timeout: Duration::from_secs(5),
         ..ServeConfig::default()
     };
-    let shutdown = parts.shutdown;
+    let (shutdown, _workers) = parts.lifecycle.into_parts();
     let serving =
         tokio::spawn(
             async move { lifecycle::serve(parts.listener, router, &shutdown, config).await },
@@ -525,12 +525,7 @@ async fn cut_link_creation_at_every_await_point(cut: Cut) {
     let cluster = PgCluster::start();
     let admin = admin_pool(&cluster).await;
     let data = TempDir::new().expect("tempdir");
-    let app = app_with_pool_of_one(
-        Some(&cluster.url()),
-        &data,
-        Shutdown::new(LifecycleMetrics::default()),
-    )
-    .await;
+    let app = app_with_pool_of_one(Some(&cluster.url()), &data, Lifecycle::new()).await;
     let parts = app.into_parts();
     let create = |code: &str| {
         Request::post("/api/links")
@@ -544,7 +539,7 @@ async fn cut_link_creation_at_every_await_point(cut: Cut) {
     // Each cut gets a timeline of its own: after a deadline, every request
     // on that timeline is born cancelled.
     let timeline = || {
-        let shutdown = Shutdown::new(LifecycleMetrics::default());
+        let shutdown = Shutdown::new();
         let service = Scoped::new(parts.router.clone(), shutdown.watch().clone());
         (shutdown, service)
     };
@@ -633,9 +628,9 @@ async fn the_deadline_cancels_an_insert_blocked_on_a_lock_and_returns_the_connec
     let data = TempDir::new().expect("tempdir");
     let mut config = server_config(Some(&cluster.url()), &data, 1);
     config.shutdown_timeout = Duration::from_millis(500);
-    let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let trigger = shutdown.trigger_handle();
-    let app = App::build(config, shutdown).await.expect("app");
+    let lifecycle = Lifecycle::new();
+    let trigger = lifecycle.trigger_handle();
+    let app = App::build(config, lifecycle).await.expect("app");
     let (addr, storage) = (app.local_addr(), app.storage().clone());
     let serving = tokio::spawn(app.run());
     assert_eq!(create_via_http(addr, "warmup").await, 201);

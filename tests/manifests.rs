@@ -217,7 +217,7 @@ fn grace_period_outlasts_the_shutdown_budget() {
         &deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"],
         "terminationGracePeriodSeconds",
     ));
-    let budget = config.shutdown_budget();
+    let budget = lameduck::app::shutdown_budget(&config);
     println!(
         "drain delay {:?} + shutdown timeout {:?} -> shutdown budget {budget:?}; grace period {grace:?}",
         config.drain_delay, config.shutdown_timeout

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use lameduck::config::{Cli, Command, ServerConfig};
 use lameduck::exit::Exit;
-use lameduck::lifecycle::{BoxError, LifecycleMetrics, Shutdown};
+use lameduck::lifecycle::{BoxError, Lifecycle};
 use lameduck::links::hits::Batch;
 use lameduck::links::spill;
 use lameduck::App;
@@ -361,12 +361,9 @@ fn server_config(data: &TempDir) -> ServerConfig {
 #[tokio::test]
 async fn replaying_a_spill_whose_batches_already_landed_counts_nothing_twice() {
     let data = TempDir::new().expect("tempdir");
-    let app = App::build(
-        server_config(&data),
-        Shutdown::new(LifecycleMetrics::default()),
-    )
-    .await
-    .expect("app");
+    let app = App::build(server_config(&data), Lifecycle::new())
+        .await
+        .expect("app");
     let storage = app.into_parts().storage;
     let link = lameduck::storage::StoredLink {
         code: "abc".to_owned(),
@@ -405,9 +402,7 @@ async fn a_failing_critical_worker_shuts_down_with_its_code_and_the_final_flush_
     let data = TempDir::new().expect("tempdir");
     let mut config = server_config(&data);
     config.flush_interval = Duration::from_secs(3600);
-    let mut app = App::build(config, Shutdown::new(LifecycleMetrics::default()))
-        .await
-        .expect("app");
+    let mut app = App::build(config, Lifecycle::new()).await.expect("app");
     let (fail, failed) = tokio::sync::oneshot::channel::<()>();
     app.workers_mut()
         .spawn_critical("doomed", Duration::from_secs(1), |_token| async move {

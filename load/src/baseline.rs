@@ -28,7 +28,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use lameduck::config::{Cli, Command, ServerConfig};
-use lameduck::lifecycle::{signal, LifecycleMetrics, RequestScope, Shutdown};
+use lameduck::lifecycle::{Lifecycle, RequestScope};
 use lameduck::{telemetry, App};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal as unix_signal, SignalKind};
@@ -104,8 +104,7 @@ pub async fn plain_axum(config: ServerConfig) -> anyhow::Result<()> {
     telemetry::init(config.log_format);
     // The shutdown handle is never triggered: readiness stays 200 until the
     // process is gone, as in a service that has no lame-duck logic.
-    let shutdown = Shutdown::new(LifecycleMetrics::default());
-    let parts = App::build(config, shutdown)
+    let parts = App::build(config, Lifecycle::new())
         .await
         .context("startup failed")?
         .into_parts();
@@ -116,7 +115,8 @@ pub async fn plain_axum(config: ServerConfig) -> anyhow::Result<()> {
         .with_graceful_shutdown(sigterm())
         .await
         .context("axum::serve failed")?;
-    let stop = parts.workers.stop().await;
+    let (_shutdown, workers) = parts.lifecycle.into_parts();
+    let stop = workers.stop().await;
     tracing::info!(stop = %stop.summary(), "drained; workers stopped");
     Ok(())
 }
@@ -190,14 +190,10 @@ pub async fn bare_hyper(listen: SocketAddr, on_sigterm: OnSigterm) -> anyhow::Re
 /// If the app cannot be built.
 pub async fn redirect_uncounted(config: ServerConfig) -> anyhow::Result<()> {
     telemetry::init(config.log_format);
-    let signals = signal::Signals::install().context("cannot install signal handlers")?;
-    let shutdown = Shutdown::new(LifecycleMetrics::default());
-    tokio::spawn(signal::forward(
-        signals,
-        shutdown.trigger_handle(),
-        shutdown.force_handle(),
-    ));
-    let app = App::build(config, shutdown)
+    let lifecycle = Lifecycle::new()
+        .with_signals()
+        .context("cannot install signal handlers")?;
+    let app = App::build(config, lifecycle)
         .await
         .context("startup failed")?;
     app.hits().set_counting(false);

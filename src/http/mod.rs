@@ -3,6 +3,7 @@
 
 pub mod body;
 mod error;
+pub mod lifecycle_metrics;
 pub mod metrics;
 pub mod middleware;
 

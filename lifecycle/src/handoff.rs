@@ -15,6 +15,7 @@
 //!   process keeps serving.
 
 use std::ffi::OsString;
+use std::fmt;
 use std::io;
 use std::net::TcpListener;
 use std::os::fd::OwnedFd;
@@ -25,7 +26,7 @@ use command_fds::{CommandFdExt, FdMapping};
 use tokio::net::UnixDatagram;
 use tracing::{info, warn};
 
-use super::{Trigger, Watch, LOG_TARGET};
+use crate::{error_chain, Trigger, Watch, LOG_TARGET};
 
 /// How long a successor may take to report ready (startup includes
 /// migrations and spill replay) before the upgrade is abandoned.
@@ -77,23 +78,37 @@ pub fn notify_stopping() {
 }
 
 /// Why an upgrade did not happen.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug)]
 pub enum UpgradeError {
     /// The successor could not be started.
-    #[error("cannot start {exe}")]
-    Spawn {
-        /// The binary.
-        exe: String,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    Spawn(PathBuf, io::Error),
     /// The successor exited before it was ready.
-    #[error("the new process exited before it was ready ({0})")]
     Exited(std::process::ExitStatus),
     /// The successor did not report ready in time.
-    #[error("the new process was not ready within {0:?}")]
     NotReady(Duration),
+}
+
+impl fmt::Display for UpgradeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UpgradeError::Spawn(exe, _) => write!(f, "cannot start {}", exe.display()),
+            UpgradeError::Exited(status) => {
+                write!(f, "the new process exited before it was ready ({status})")
+            }
+            UpgradeError::NotReady(wait) => {
+                write!(f, "the new process was not ready within {wait:?}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for UpgradeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            UpgradeError::Spawn(_, source) => Some(source),
+            _ => None,
+        }
+    }
 }
 
 /// How to start a successor: this process's binary path (taken at startup,
@@ -120,15 +135,14 @@ impl Successor {
 }
 
 /// Upgrades in place on every SIGHUP until shutdown starts: starts the
-/// successor with the `public` and `admin` sockets and triggers this
-/// process's shutdown once the successor is ready. A failed upgrade is
-/// logged and the process keeps serving. The sockets are closed when this
-/// returns, so that a normal shutdown still refuses new connections once
-/// its own listeners close.
-pub async fn upgrade_on_hangup(
+/// successor with `sockets` as fds 3, 4, … and triggers this process's
+/// shutdown once the successor is ready. A failed upgrade is logged and the
+/// process keeps serving. The sockets are closed when this returns, so that
+/// a normal shutdown still refuses new connections once its own listeners
+/// close.
+pub(crate) async fn upgrade_on_hangup(
     mut hangups: tokio::signal::unix::Signal,
-    public: TcpListener,
-    admin: TcpListener,
+    sockets: Vec<OwnedFd>,
     successor: Successor,
     watch: Watch,
     trigger: Trigger,
@@ -139,34 +153,31 @@ pub async fn upgrade_on_hangup(
             () = watch.triggered() => return,
         }
         info!(target: LOG_TARGET, exe = %successor.exe.display(), "SIGHUP: starting a new process on the same socket");
-        match upgrade([&public, &admin], &successor).await {
+        match upgrade(&sockets, &successor).await {
             Ok(pid) => {
                 info!(target: LOG_TARGET, pid, "the new process is ready; this one drains and exits");
                 trigger.trigger_with_lame_duck(format!("upgraded to pid {pid}"), UPGRADE_LAME_DUCK);
                 return;
             }
             Err(error) => {
-                warn!(target: LOG_TARGET, error = %crate::lifecycle::error_chain(&error), "upgrade failed; this process keeps serving");
+                warn!(target: LOG_TARGET, error = %error_chain(&error), "upgrade failed; this process keeps serving");
             }
         }
     }
 }
 
-/// Starts the successor with `listeners` as fds 3, 4, … and waits until it
+/// Starts the successor with `sockets` as fds 3, 4, … and waits until it
 /// is ready; returns its pid.
-async fn upgrade(listeners: [&TcpListener; 2], successor: &Successor) -> Result<u32, UpgradeError> {
-    let spawn_error = |source| UpgradeError::Spawn {
-        exe: successor.exe.display().to_string(),
-        source,
-    };
+async fn upgrade(sockets: &[OwnedFd], successor: &Successor) -> Result<u32, UpgradeError> {
+    let spawn_error = |source| UpgradeError::Spawn(successor.exe.clone(), source);
     let notify_path = notify_socket_path();
     let _ = std::fs::remove_file(&notify_path);
     let notify = UnixDatagram::bind(&notify_path).map_err(spawn_error)?;
     let _remove = RemoveOnDrop(&notify_path);
 
     let mut mappings = Vec::new();
-    for (child_fd, listener) in (3..).zip(listeners) {
-        let parent_fd: OwnedFd = listener.try_clone().map_err(spawn_error)?.into();
+    for (child_fd, socket) in (3..).zip(sockets) {
+        let parent_fd = socket.try_clone().map_err(spawn_error)?;
         mappings.push(FdMapping {
             parent_fd,
             child_fd,

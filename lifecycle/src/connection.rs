@@ -9,13 +9,11 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use hyper::Version;
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::{LifecycleMetrics, Protocol};
+use crate::metrics::{LifecycleMetrics, Protocol};
 
 /// The client preface that opens every HTTP/2 connection.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -50,16 +48,14 @@ pub(crate) struct ConnState {
     /// When `busy` last fell to zero, in milliseconds since `born`.
     idle_since: AtomicU64,
     born: Instant,
-    open: Gauge,
     metrics: LifecycleMetrics,
 }
 
 impl ConnState {
     pub(crate) fn new(metrics: &LifecycleMetrics, requests: CancellationToken) -> ConnState {
-        let open = metrics.connections_open(Protocol::pending);
-        open.inc();
+        metrics.connection_moved(None, Some(Protocol::Pending));
         ConnState {
-            protocol: AtomicU8::new(Protocol::pending as u8),
+            protocol: AtomicU8::new(Protocol::Pending as u8),
             goaway: CancellationToken::new(),
             first_request: CancellationToken::new(),
             requests,
@@ -68,7 +64,6 @@ impl ConnState {
             head_since: AtomicU64::new(1),
             idle_since: AtomicU64::new(0),
             born: Instant::now(),
-            open,
             metrics: metrics.clone(),
         }
     }
@@ -76,39 +71,36 @@ impl ConnState {
     /// Records the protocol once a request or the preface reveals it.
     pub(crate) fn observe(&self, version: Version) {
         let protocol = if version == Version::HTTP_2 {
-            Protocol::http2
+            Protocol::Http2
         } else {
-            Protocol::http1
+            Protocol::Http1
         };
         if self
             .protocol
             .compare_exchange(
-                Protocol::pending as u8,
+                Protocol::Pending as u8,
                 protocol as u8,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             )
             .is_ok()
         {
-            self.open.dec();
-            self.metrics.connections_open(protocol).inc();
+            self.metrics
+                .connection_moved(Some(Protocol::Pending), Some(protocol));
         }
     }
 
     fn protocol(&self) -> Protocol {
-        match self.protocol.load(Ordering::Acquire) {
-            p if p == Protocol::http2 as u8 => Protocol::http2,
-            p if p == Protocol::http1 as u8 => Protocol::http1,
-            _ => Protocol::pending,
-        }
+        let protocol = self.protocol.load(Ordering::Acquire);
+        Protocol::ALL[usize::from(protocol)]
     }
 
     pub(crate) fn is_http2(&self) -> bool {
-        self.protocol() == Protocol::http2
+        self.protocol() == Protocol::Http2
     }
 
     pub(crate) fn is_http1(&self) -> bool {
-        self.protocol() == Protocol::http1
+        self.protocol() == Protocol::Http1
     }
 
     pub(crate) fn close_sent(&self) -> bool {
@@ -217,7 +209,7 @@ impl ConnState {
 
 impl Drop for ConnState {
     fn drop(&mut self) {
-        self.metrics.connections_open(self.protocol()).dec();
+        self.metrics.connection_moved(Some(self.protocol()), None);
     }
 }
 
@@ -242,15 +234,15 @@ impl Drop for BusyGuard {
 
 /// The client socket, watched: tells the connection state when bytes
 /// arrive (a request head begins) and when they are the HTTP/2 preface.
-pub(crate) struct ObservedStream {
-    inner: TcpStream,
+pub(crate) struct ObservedStream<Io> {
+    inner: Io,
     conn: Arc<ConnState>,
     /// Bytes of the HTTP/2 preface seen so far; `None` once decided.
     preface: Option<usize>,
 }
 
-impl ObservedStream {
-    pub(crate) fn new(inner: TcpStream, conn: Arc<ConnState>) -> ObservedStream {
+impl<Io> ObservedStream<Io> {
+    pub(crate) fn new(inner: Io, conn: Arc<ConnState>) -> Self {
         ObservedStream {
             inner,
             conn,
@@ -275,7 +267,7 @@ impl ObservedStream {
     }
 }
 
-impl AsyncRead for ObservedStream {
+impl<Io: AsyncRead + Unpin> AsyncRead for ObservedStream<Io> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -291,7 +283,7 @@ impl AsyncRead for ObservedStream {
     }
 }
 
-impl AsyncWrite for ObservedStream {
+impl<Io: AsyncWrite + Unpin> AsyncWrite for ObservedStream<Io> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

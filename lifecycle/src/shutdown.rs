@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tokio_util::task::TaskTracker;
 
-use super::{LifecycleMetrics, LOG_TARGET};
+use crate::{LifecycleMetrics, LOG_TARGET};
 
 /// Where the process stands on the shutdown timeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -59,7 +59,7 @@ impl Phase {
         }
     }
 
-    fn from_u8(value: u8) -> Phase {
+    pub(crate) fn from_u8(value: u8) -> Phase {
         Phase::ALL
             .get(usize::from(value))
             .copied()
@@ -122,16 +122,18 @@ pub struct Shutdown {
     watch: Watch,
 }
 
+impl Default for Shutdown {
+    fn default() -> Self {
+        Shutdown::new()
+    }
+}
+
 impl Shutdown {
-    /// A fresh timeline in the `Running` phase, recording into `metrics`.
-    pub fn new(metrics: LifecycleMetrics) -> Shutdown {
-        metrics.set_phase(Phase::Running);
+    /// A fresh timeline in the `Running` phase.
+    pub fn new() -> Shutdown {
         Shutdown {
             watch: Watch {
-                timeline: Arc::new(Timeline {
-                    metrics,
-                    ..Timeline::default()
-                }),
+                timeline: Arc::default(),
             },
         }
     }
@@ -167,7 +169,7 @@ impl Shutdown {
     }
 
     /// Fires every request's token: the deadline has passed. What
-    /// [`serve`](super::serve) does when the shutdown timeout runs out; a
+    /// [`serve`](crate::serve) does when the shutdown timeout runs out; a
     /// server loop of your own calls it at its deadline. Workers and
     /// finalizers are not affected, and requests that start afterwards are
     /// born cancelled.
@@ -370,7 +372,7 @@ mod tests {
 
     #[test]
     fn only_the_first_trigger_counts_and_phases_never_move_back() {
-        let shutdown = Shutdown::new(LifecycleMetrics::default());
+        let shutdown = Shutdown::new();
         let trigger = shutdown.trigger_handle();
         let watch = shutdown.watch();
         assert_eq!(watch.phase(), Phase::Running);
@@ -385,7 +387,7 @@ mod tests {
 
     #[test]
     fn force_implies_trigger_and_fires_request_tokens() {
-        let shutdown = Shutdown::new(LifecycleMetrics::default());
+        let shutdown = Shutdown::new();
         let token = shutdown.watch().request_token();
         shutdown.force_handle().force("second SIGTERM");
         let watch = shutdown.watch();
@@ -401,7 +403,7 @@ mod tests {
     // signal and skipped the final flush.
     #[test]
     fn the_deadline_abandons_requests_but_is_not_a_forced_shutdown() {
-        let shutdown = Shutdown::new(LifecycleMetrics::default());
+        let shutdown = Shutdown::new();
         let token = shutdown.watch().request_token();
         shutdown.trigger_handle().trigger("SIGTERM");
         shutdown.cancel_requests();

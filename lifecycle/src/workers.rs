@@ -11,13 +11,13 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use futures_util::FutureExt;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{error, info, warn};
 
-use super::{Shutdown, Trigger, Watch, LOG_TARGET};
+use crate::{panic_message, Shutdown, Trigger, Watch, LOG_TARGET};
 
 /// The error a worker or finalizer returns.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -177,18 +177,6 @@ impl Workers {
     pub fn new(shutdown: &Shutdown) -> Workers {
         let background_token = CancellationToken::new();
         let watch = shutdown.watch().clone();
-        // Background work is cut as soon as the drain begins.
-        tokio::spawn({
-            let watch = watch.clone();
-            let token = background_token.clone();
-            async move {
-                tokio::select! {
-                    () = watch.draining() => {}
-                    () = watch.forced() => {}
-                }
-                token.cancel();
-            }
-        });
         Workers {
             watch,
             trigger: shutdown.trigger_handle(),
@@ -232,9 +220,22 @@ impl Workers {
         F: FnOnce(CancellationToken) -> Fut,
         Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
     {
-        let work = work(self.background_token.child_token());
+        let token = self.background_token.child_token();
+        let work = work(token.clone());
+        let watch = self.watch.clone();
         tokio::spawn(async move {
-            let outcome = run_caught(work).await;
+            let mut running = std::pin::pin!(run_caught(work));
+            // Background work is cut as soon as the drain begins.
+            let outcome = tokio::select! {
+                outcome = &mut running => outcome,
+                () = async { tokio::select! {
+                    () = watch.draining() => {}
+                    () = watch.forced() => {}
+                } } => {
+                    token.cancel();
+                    running.await
+                }
+            };
             if !outcome.is_done() {
                 warn!(target: LOG_TARGET, worker = name, ?outcome, "background worker failed");
             }
@@ -359,7 +360,7 @@ fn run_force_hooks(hooks: Vec<(&'static str, ForceHook)>, report: &mut StopRepor
         let outcome = match std::panic::catch_unwind(AssertUnwindSafe(hook)) {
             Ok(Ok(())) => Outcome::Done,
             Ok(Err(error)) => Outcome::Failed(error.to_string()),
-            Err(panic) => Outcome::Panicked(super::panic_message(&*panic)),
+            Err(panic) => Outcome::Panicked(panic_message(&*panic)),
         };
         if let Outcome::Failed(error) | Outcome::Panicked(error) = &outcome {
             error!(target: LOG_TARGET, hook = name, %error, "force hook failed");
@@ -374,15 +375,17 @@ fn run_force_hooks(hooks: Vec<(&'static str, ForceHook)>, report: &mut StopRepor
     }
 }
 
-/// Runs `work`, turning an error or a panic into an [`Outcome`].
+/// Runs `work` on its own task, turning an error or a panic into an
+/// [`Outcome`]. Dropping the future aborts the task.
 async fn run_caught<Fut>(work: Fut) -> Outcome
 where
-    Fut: Future<Output = Result<(), BoxError>>,
+    Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
 {
-    match AssertUnwindSafe(work).catch_unwind().await {
+    match AbortOnDropHandle::new(tokio::spawn(work)).await {
         Ok(Ok(())) => Outcome::Done,
         Ok(Err(error)) => Outcome::Failed(error.to_string()),
-        Err(panic) => Outcome::Panicked(super::panic_message(&*panic)),
+        Err(failed) if failed.is_panic() => Outcome::Panicked(panic_message(&*failed.into_panic())),
+        Err(_cancelled) => Outcome::Abandoned,
     }
 }
 
@@ -391,10 +394,9 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::lifecycle::LifecycleMetrics;
 
     fn shutdown() -> Shutdown {
-        Shutdown::new(LifecycleMetrics::default())
+        Shutdown::new()
     }
 
     #[tokio::test(start_paused = true)]

@@ -16,9 +16,9 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
-use super::connection::{BusyGuard, ConnState};
-use super::metrics::LifecycleMetrics;
-use super::Watch;
+use crate::connection::{BusyGuard, ConnState};
+use crate::metrics::LifecycleMetrics;
+use crate::Watch;
 
 /// The cancellation scope of one request, found in its extensions.
 ///
@@ -97,32 +97,28 @@ impl RequestScope {
 #[must_use = "dropping the guard ends the request's in-flight count"]
 struct InFlightGuard {
     metrics: LifecycleMetrics,
-    completed: bool,
+    /// `Some(after_signal)` once the response head is out.
+    completed: Option<bool>,
 }
 
 impl InFlightGuard {
     fn start(metrics: &LifecycleMetrics) -> InFlightGuard {
-        metrics.requests_in_flight.inc();
+        metrics.request_started();
         InFlightGuard {
             metrics: metrics.clone(),
-            completed: false,
+            completed: None,
         }
     }
 
     fn complete(mut self, after_signal: bool) {
-        self.completed = true;
-        if after_signal {
-            self.metrics.requests_drained.inc();
-        }
+        self.completed = Some(after_signal);
     }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.metrics.requests_in_flight.dec();
-        if !self.completed {
-            self.metrics.requests_aborted.inc();
-        }
+        self.metrics
+            .request_ended(self.completed.is_some(), self.completed == Some(true));
     }
 }
 
@@ -131,7 +127,7 @@ impl Drop for InFlightGuard {
 /// flight, and during shutdown asks HTTP/1 clients to close
 /// (`Connection: close`) and HTTP/2 connections to go away (GOAWAY).
 ///
-/// [`serve`](super::serve) wraps every connection's service in it; it is
+/// [`serve`](crate::serve) wraps every connection's service in it; it is
 /// public so that tests can drive single requests through it.
 #[derive(Clone, Debug)]
 pub struct Scoped<S> {

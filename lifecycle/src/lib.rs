@@ -1,0 +1,65 @@
+#![doc = include_str!("../README.md")]
+
+mod admin;
+mod connection;
+pub mod handoff;
+mod listener;
+pub mod metrics;
+mod request;
+mod serve;
+mod shutdown;
+pub mod signal;
+mod stage;
+mod task;
+mod timeline;
+mod workers;
+
+pub use admin::ADMIN_CLOSE_GRACE;
+pub use listener::Listener;
+pub use metrics::LifecycleMetrics;
+pub use request::{RequestScope, Scoped, TrackedBody};
+pub use serve::{
+    serve, DrainOutcome, DrainReport, ServeConfig, ACCEPT_ERROR_BACKOFF, FIRST_REQUEST_GRACE,
+    GOAWAY_GRACE,
+};
+pub use shutdown::{Force, Phase, Shutdown, Trigger, Watch};
+pub use task::{HttpService, ResponseBody};
+pub use timeline::{Lifecycle, Report, Serve};
+pub use workers::{BoxError, Outcome, StopReport, Stopped, Workers};
+
+use std::time::Duration;
+
+/// How long handlers get to clean up (roll back, return pooled connections)
+/// after the shutdown deadline fires their cancellation tokens, before their
+/// connections are dropped. Counted in the worst-case shutdown budget.
+pub const DEADLINE_CLEANUP_GRACE: Duration = Duration::from_secs(1);
+
+/// The `tracing` target of every shutdown-phase log line, so operators can
+/// filter the whole timeline with `RUST_LOG=lameduck::shutdown=info`.
+pub const LOG_TARGET: &str = "lameduck::shutdown";
+
+/// `error: cause: cause…` on one line, each cause said once (some errors
+/// already print their source).
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !message.ends_with(&cause_text) {
+            message.push_str(": ");
+            message.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
+/// The message of a panic payload (`panic!` with a string literal or a
+/// formatted string), for logs and reports.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".to_owned())
+}

@@ -1,0 +1,175 @@
+//! The lifecycle's counters, as plain atomics: no metrics crate is imposed.
+//! An application exports them by reading a [`Snapshot`] at scrape time
+//! (the example service turns it into Prometheus series).
+
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::Phase;
+
+/// The wire protocol of a connection, once its first bytes have told it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// Accepted, no request seen yet.
+    Pending = 0,
+    /// HTTP/1.x.
+    Http1 = 1,
+    /// HTTP/2.
+    Http2 = 2,
+}
+
+impl Protocol {
+    /// Every protocol, in label order.
+    pub const ALL: [Protocol; 3] = [Protocol::Pending, Protocol::Http1, Protocol::Http2];
+
+    /// The label value: `pending`, `http1` or `http2`.
+    pub fn as_str(self) -> &'static str {
+        ["pending", "http1", "http2"][self as usize]
+    }
+}
+
+/// Who ended a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClosedBy {
+    /// The client closed it (or it failed) while the server still wanted it.
+    Client = 0,
+    /// The server asked it to close (idle, lame duck or drain) and it did.
+    Server = 1,
+    /// The server dropped it at the deadline or on a forced shutdown.
+    Abandoned = 2,
+}
+
+impl ClosedBy {
+    /// Every closer, in label order.
+    pub const ALL: [ClosedBy; 3] = [ClosedBy::Client, ClosedBy::Server, ClosedBy::Abandoned];
+
+    /// The label value: `client`, `server` or `abandoned`.
+    pub fn as_str(self) -> &'static str {
+        ["client", "server", "abandoned"][self as usize]
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    connections_open: [AtomicI64; 3],
+    connections_closed: [AtomicU64; 3],
+    requests_in_flight: AtomicI64,
+    requests_aborted: AtomicU64,
+    requests_drained: AtomicU64,
+    accept_errors: AtomicU64,
+    phase: AtomicU8,
+    drain_micros: AtomicU64,
+}
+
+/// Counters of connections, requests and the shutdown timeline. Cloning
+/// shares them.
+#[derive(Clone, Debug, Default)]
+pub struct LifecycleMetrics(Arc<Counters>);
+
+/// The counters at one instant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    /// Open connections by protocol (pending until the first bytes tell).
+    pub connections_open: [(Protocol, i64); 3],
+    /// Closed connections by who ended them.
+    pub connections_closed: [(ClosedBy, u64); 3],
+    /// Requests whose response has not been produced yet.
+    pub requests_in_flight: i64,
+    /// Requests dropped before their response: hang-ups, resets, abandoned.
+    pub requests_aborted: u64,
+    /// Requests completed after the shutdown signal.
+    pub requests_drained: u64,
+    /// Errors returned by `accept()`, absorbed by the accept loop.
+    pub accept_errors: u64,
+    /// The current phase of the shutdown timeline.
+    pub phase: Phase,
+    /// How long the last drain took.
+    pub drain: Duration,
+}
+
+impl LifecycleMetrics {
+    /// Every counter, read now.
+    pub fn snapshot(&self) -> Snapshot {
+        let c = &self.0;
+        Snapshot {
+            connections_open: Protocol::ALL
+                .map(|p| (p, c.connections_open[p as usize].load(Relaxed))),
+            connections_closed: ClosedBy::ALL
+                .map(|b| (b, c.connections_closed[b as usize].load(Relaxed))),
+            requests_in_flight: c.requests_in_flight.load(Relaxed),
+            requests_aborted: c.requests_aborted.load(Relaxed),
+            requests_drained: c.requests_drained.load(Relaxed),
+            accept_errors: c.accept_errors.load(Relaxed),
+            phase: Phase::from_u8(c.phase.load(Relaxed)),
+            drain: Duration::from_micros(c.drain_micros.load(Relaxed)),
+        }
+    }
+
+    /// Requests in flight now.
+    pub fn requests_in_flight(&self) -> i64 {
+        self.0.requests_in_flight.load(Relaxed)
+    }
+
+    /// Connections open now, of every protocol.
+    pub fn open_connections(&self) -> i64 {
+        self.0
+            .connections_open
+            .iter()
+            .map(|n| n.load(Relaxed))
+            .sum()
+    }
+
+    pub(crate) fn connection_moved(&self, from: Option<Protocol>, to: Option<Protocol>) {
+        if let Some(from) = from {
+            self.0.connections_open[from as usize].fetch_sub(1, Relaxed);
+        }
+        if let Some(to) = to {
+            self.0.connections_open[to as usize].fetch_add(1, Relaxed);
+        }
+    }
+
+    pub(crate) fn connection_closed(&self, by: ClosedBy) {
+        self.0.connections_closed[by as usize].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn closed_by(&self, by: ClosedBy) -> u64 {
+        self.0.connections_closed[by as usize].load(Relaxed)
+    }
+
+    pub(crate) fn request_started(&self) {
+        self.0.requests_in_flight.fetch_add(1, Relaxed);
+    }
+
+    /// A request left flight: answered (`drained` if after the signal) or not.
+    pub(crate) fn request_ended(&self, answered: bool, drained: bool) {
+        self.0.requests_in_flight.fetch_sub(1, Relaxed);
+        let counter = match (answered, drained) {
+            (false, _) => &self.0.requests_aborted,
+            (true, true) => &self.0.requests_drained,
+            (true, false) => return,
+        };
+        counter.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn requests_aborted(&self) -> u64 {
+        self.0.requests_aborted.load(Relaxed)
+    }
+
+    pub(crate) fn requests_drained(&self) -> u64 {
+        self.0.requests_drained.load(Relaxed)
+    }
+
+    pub(crate) fn accept_failed(&self) {
+        self.0.accept_errors.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn set_phase(&self, phase: Phase) {
+        self.0.phase.store(phase as u8, Relaxed);
+    }
+
+    pub(crate) fn set_drain(&self, took: Duration) {
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.0.drain_micros.store(micros, Relaxed);
+    }
+}

@@ -1,0 +1,144 @@
+//! One connection's way through the shutdown timeline, as a state machine:
+//! [`Stage`] is where it stands, [`Event`] what it saw, [`Stage::next`] the
+//! whole transition table. The connection task in `serve` only selects the
+//! events its stage listens for and applies the table.
+
+/// Where one connection stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// Serving. An HTTP/1 connection stays here through the lame duck: its
+    /// next response says `Connection: close`, nothing to do at the signal.
+    Serving,
+    /// Signalled; an HTTP/2 (or undecided) connection waiting to be told to
+    /// go away with its first request's GOAWAY.
+    LameDuck,
+    /// The drain began before the connection carried a request: it may still
+    /// deliver its first one (hyper would drop it while detecting the
+    /// protocol, failing a request already on its way).
+    AwaitingFirst,
+    /// Told to close (`graceful_shutdown`): in-flight requests finish, then
+    /// it closes; it may linger only briefly with nothing in flight.
+    Closing,
+}
+
+/// What the connection task saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// Shutdown started.
+    Triggered,
+    /// A request arrived on an HTTP/2 connection during the lame duck.
+    GoAway,
+    /// The listener closed: the drain started.
+    Draining,
+    /// The first request arrived, or its grace ran out.
+    FirstRequestDue,
+    /// Nothing in flight for the idle timeout.
+    Idle,
+}
+
+/// What the connection has shown so far.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Facts {
+    /// It speaks HTTP/2.
+    pub(crate) http2: bool,
+    /// It has carried a request.
+    pub(crate) served: bool,
+}
+
+impl Stage {
+    /// The transition table.
+    pub(crate) fn next(self, event: Event, facts: Facts) -> Stage {
+        use {Event::*, Stage::*};
+        match (self, event) {
+            (Serving, Triggered) if facts.http2 && facts.served => Closing,
+            (Serving, Triggered) => LameDuck,
+            (LameDuck, GoAway) => Closing,
+            (Serving | LameDuck, Draining) if facts.served => Closing,
+            (Serving | LameDuck, Draining) => AwaitingFirst,
+            (AwaitingFirst, FirstRequestDue) => Closing,
+            (Serving | LameDuck | AwaitingFirst, Idle) => Closing,
+            (stage, _) => stage,
+        }
+    }
+
+    /// Whether the task listens for `event` in this stage (`http1`: the
+    /// connection is known to speak HTTP/1, which has nothing to do at the
+    /// signal). Every poll polls each listened-for event, so a serving
+    /// connection listens for few.
+    pub(crate) fn listens(self, event: Event, http1: bool) -> bool {
+        use {Event::*, Stage::*};
+        match event {
+            Triggered => self == Serving && !http1,
+            GoAway => self == LameDuck,
+            Draining => matches!(self, Serving | LameDuck),
+            FirstRequestDue => self == AwaitingFirst,
+            Idle => self != Closing,
+        }
+    }
+
+    /// Whether the task watches for the connections to be abandoned: only
+    /// once the timeline has reached this connection.
+    pub(crate) fn watches_abandon(self) -> bool {
+        self != Stage::Serving
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Event::*, Facts, Stage::*};
+
+    const FRESH: Facts = Facts {
+        http2: false,
+        served: false,
+    };
+    const H1: Facts = Facts {
+        http2: false,
+        served: true,
+    };
+    const H2: Facts = Facts {
+        http2: true,
+        served: true,
+    };
+
+    #[test]
+    fn a_served_http2_connection_is_told_to_go_away_at_the_signal() {
+        assert_eq!(Serving.next(Triggered, H2), Closing);
+        // A fresh one waits for its first request's GOAWAY.
+        assert_eq!(Serving.next(Triggered, FRESH), LameDuck);
+        assert_eq!(LameDuck.next(GoAway, FRESH), Closing);
+    }
+
+    #[test]
+    fn an_http1_connection_sleeps_through_the_lame_duck_and_closes_at_the_drain() {
+        assert!(!Serving.listens(Triggered, true));
+        assert!(Serving.listens(Draining, true));
+        assert_eq!(Serving.next(Draining, H1), Closing);
+    }
+
+    #[test]
+    fn a_connection_without_a_request_gets_its_first_at_the_drain() {
+        assert_eq!(Serving.next(Draining, FRESH), AwaitingFirst);
+        assert_eq!(LameDuck.next(Draining, FRESH), AwaitingFirst);
+        assert!(AwaitingFirst.listens(FirstRequestDue, false));
+        assert_eq!(AwaitingFirst.next(FirstRequestDue, H1), Closing);
+    }
+
+    #[test]
+    fn closing_is_final_and_only_it_stops_listening_for_idleness() {
+        for event in [Triggered, GoAway, Draining, FirstRequestDue, Idle] {
+            assert_eq!(Closing.next(event, H2), Closing);
+            assert!(!Closing.listens(event, false));
+        }
+        for stage in [Serving, LameDuck, AwaitingFirst] {
+            assert_eq!(stage.next(Idle, H1), Closing);
+        }
+    }
+
+    #[test]
+    fn abandonment_is_watched_only_once_the_timeline_reached_the_connection() {
+        assert!(!Serving.watches_abandon());
+        assert!([LameDuck, AwaitingFirst, Closing]
+            .iter()
+            .all(|s| s.watches_abandon()));
+    }
+}

@@ -1,0 +1,242 @@
+//! The connection task: one per accepted connection, tracked by the drain.
+//! It serves the connection with hyper and walks it through the timeline's
+//! [`Stage`]s, enforcing the head, idle and linger deadlines.
+
+use std::convert::Infallible;
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::task::TaskTracker;
+use tracing::debug;
+
+use crate::connection::{ConnState, ObservedStream};
+use crate::metrics::{ClosedBy, LifecycleMetrics};
+use crate::request::Scoped;
+use crate::serve::{ServeConfig, FIRST_REQUEST_GRACE, GOAWAY_GRACE};
+use crate::stage::{Event, Facts, Stage};
+use crate::Watch;
+
+/// A `tower::Service` the lifecycle can serve: HTTP requests in, HTTP
+/// responses out, errors answered inside (an axum `Router` is one).
+pub trait HttpService:
+    tower::Service<
+        Request<Incoming>,
+        Response = Response<Self::Body>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+    /// The response body.
+    type Body: ResponseBody;
+}
+
+impl<S, B> HttpService for S
+where
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: ResponseBody,
+{
+    type Body = B;
+}
+
+/// A response body hyper can send from any thread.
+pub trait ResponseBody:
+    hyper::body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+    + Send
+    + Unpin
+    + 'static
+{
+}
+
+impl<B> ResponseBody for B where
+    B: hyper::body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + Unpin
+        + 'static
+{
+}
+
+/// Everything needed to serve one more connection.
+pub(crate) struct Connections<S> {
+    builder: auto::Builder<TrackedExecutor>,
+    service: S,
+    shutdown: Watch,
+    /// One permit per open connection.
+    limit: Arc<Semaphore>,
+    idle_timeout: Duration,
+    header_read_timeout: Duration,
+}
+
+impl<S: HttpService> Connections<S> {
+    pub(crate) fn new(service: S, shutdown: Watch, config: &ServeConfig) -> Self {
+        let mut builder = auto::Builder::new(TrackedExecutor(shutdown.tracker().clone()));
+        // hyper's own header timeout also runs between keep-alive requests,
+        // which would make it the idle timeout; the connection task enforces
+        // the head deadline instead (`ConnState::head_overdue`).
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(None);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(config.h2_max_concurrent_streams);
+        Connections {
+            builder,
+            service,
+            shutdown,
+            limit: Arc::new(Semaphore::new(config.max_connections)),
+            idle_timeout: config.idle_timeout,
+            header_read_timeout: config.header_read_timeout,
+        }
+    }
+
+    pub(crate) fn metrics(&self) -> &LifecycleMetrics {
+        self.shutdown.metrics()
+    }
+
+    /// Waits for room under the connection limit (never closed).
+    pub(crate) async fn permit(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.limit).acquire_owned().await.ok()
+    }
+
+    /// Room under the connection limit, if there is any now.
+    pub(crate) fn try_permit(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.limit).try_acquire_owned().ok()
+    }
+
+    /// Serves `io` on a tracked task that holds `permit` until it closes.
+    pub(crate) fn spawn<Io, A>(&self, io: Io, peer: A, permit: Option<OwnedSemaphorePermit>)
+    where
+        Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        A: Debug + Send + Sync + 'static,
+    {
+        let conn = Arc::new(ConnState::new(
+            self.shutdown.metrics(),
+            self.shutdown.request_token(),
+        ));
+        let service = Scoped::for_connection(
+            self.service.clone(),
+            self.shutdown.clone(),
+            Arc::clone(&conn),
+        );
+        let task = ConnectionTask {
+            builder: self.builder.clone(),
+            shutdown: self.shutdown.clone(),
+            idle_timeout: self.idle_timeout,
+            header_read_timeout: self.header_read_timeout,
+        };
+        let io = ObservedStream::new(io, Arc::clone(&conn));
+        self.shutdown.tracker().spawn(async move {
+            let _permit = permit;
+            let closed_by = task.run(io, service, conn, &peer).await;
+            task.shutdown.metrics().connection_closed(closed_by);
+        });
+    }
+}
+
+struct ConnectionTask {
+    builder: auto::Builder<TrackedExecutor>,
+    shutdown: Watch,
+    idle_timeout: Duration,
+    header_read_timeout: Duration,
+}
+
+impl ConnectionTask {
+    /// Serves the connection through its stages; returns who ended it.
+    async fn run<Io, S>(
+        &self,
+        io: ObservedStream<Io>,
+        service: Scoped<S>,
+        conn: Arc<ConnState>,
+        peer: &(dyn Debug + Sync),
+    ) -> ClosedBy
+    where
+        Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        S: HttpService,
+    {
+        let shutdown = &self.shutdown;
+        let connection = self
+            .builder
+            .serve_connection_with_upgrades(TokioIo::new(io), service);
+        let mut connection = pin!(connection);
+        let first_request_due = async {
+            tokio::select! {
+                () = conn.first_request.cancelled() => {}
+                () = tokio::time::sleep(FIRST_REQUEST_GRACE) => {}
+            }
+        };
+        let mut first_request_due = pin!(first_request_due);
+        let mut idle = pin!(conn.idle_for(self.idle_timeout));
+        let mut head_overdue = pin!(conn.head_overdue(self.header_read_timeout));
+        let mut lingered = pin!(conn.idle_for(GOAWAY_GRACE));
+        let mut stage = Stage::Serving;
+        loop {
+            let listens = |event| stage.listens(event, conn.is_http1());
+            let event = tokio::select! {
+                // The connection first: one that closes as soon as it is
+                // asked never arms the other branches' timers.
+                biased;
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        debug!(?peer, %error, "connection ended with an error");
+                    }
+                    let asked = stage == Stage::Closing || conn.close_sent();
+                    return if asked { ClosedBy::Server } else { ClosedBy::Client };
+                }
+                () = shutdown.abandoned(), if stage.watches_abandon() => return ClosedBy::Abandoned,
+                () = shutdown.triggered(), if listens(Event::Triggered) => Event::Triggered,
+                () = conn.goaway.cancelled(), if listens(Event::GoAway) => Event::GoAway,
+                () = shutdown.draining(), if listens(Event::Draining) => Event::Draining,
+                () = &mut first_request_due, if listens(Event::FirstRequestDue) => Event::FirstRequestDue,
+                () = &mut idle, if listens(Event::Idle) => Event::Idle,
+                () = &mut head_overdue => {
+                    debug!(?peer, "request head not received in time; closing");
+                    return ClosedBy::Server;
+                }
+                () = &mut lingered, if stage == Stage::Closing => {
+                    debug!(?peer, "asked to close but still open; dropping it");
+                    return ClosedBy::Server;
+                }
+            };
+            let facts = Facts {
+                http2: conn.is_http2(),
+                served: conn.has_served(),
+            };
+            let next = stage.next(event, facts);
+            if next == Stage::Closing && stage != Stage::Closing {
+                connection.as_mut().graceful_shutdown();
+            }
+            stage = next;
+        }
+    }
+}
+
+/// Spawns HTTP/2 stream tasks on the lifecycle's tracker, so the drain
+/// waits for them as it waits for connections.
+#[derive(Clone, Debug)]
+struct TrackedExecutor(TaskTracker);
+
+impl<F> hyper::rt::Executor<F> for TrackedExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, future: F) {
+        self.0.spawn(future);
+    }
+}

@@ -29,21 +29,25 @@ ENV CARGO_TERM_COLOR=never \
 
 # 1. Dependencies only: the workspace's manifests and empty targets.
 COPY Cargo.toml Cargo.lock ./
+COPY lifecycle/Cargo.toml lifecycle/Cargo.toml
 COPY load/Cargo.toml load/Cargo.toml
-RUN mkdir -p src load/src \
+RUN mkdir -p src lifecycle/src load/src \
     && printf '//! Stand-in.\nfn main() {}\n' > src/main.rs \
     && printf '//! Stand-in.\n' > src/lib.rs \
+    && printf '//! Stand-in.\n' > lifecycle/src/lib.rs \
     && printf 'fn main() {}\n' > load/src/main.rs \
     && cargo build --release --locked -p lameduck \
-    && rm -rf src target/release/.fingerprint/lameduck-* \
-        target/release/deps/lameduck-* target/release/deps/liblameduck-*
+    && rm -rf src lifecycle/src target/release/.fingerprint/lameduck-* \
+        target/release/deps/lameduck-* target/release/deps/liblameduck-* \
+        target/release/deps/liblameduck_lifecycle-*
 
 # 2. The project itself (sqlx embeds migrations/ at compile time).
 COPY migrations migrations
+COPY lifecycle lifecycle
 COPY src src
 # COPY keeps the files' times, which may be older than the stand-ins built
 # above: touch them so cargo cannot mistake them for already built.
-RUN find src migrations -type f -exec touch {} + \
+RUN find src lifecycle migrations -type f -exec touch {} + \
     && cargo build --release --locked -p lameduck --bin lameduck \
     && install -D -m 0755 target/release/lameduck /out/lameduck \
     && mkdir -p /out/data /out/spill

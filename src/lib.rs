@@ -33,6 +33,7 @@
 
 pub mod app;
 pub mod config;
+pub mod error;
 pub mod exit;
 pub mod healthcheck;
 pub mod http;

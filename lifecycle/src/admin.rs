@@ -11,8 +11,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::config::ACCEPT_ERROR_BACKOFF;
 use crate::listener::{is_connection_error, Listener};
-use crate::serve::ACCEPT_ERROR_BACKOFF;
 use crate::task::HttpService;
 use crate::LOG_TARGET;
 

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod admin;
+mod config;
 mod connection;
 pub mod handoff;
 mod listener;
@@ -15,13 +16,11 @@ mod timeline;
 mod workers;
 
 pub use admin::ADMIN_CLOSE_GRACE;
+pub use config::{ServeConfig, ACCEPT_ERROR_BACKOFF, FIRST_REQUEST_GRACE, GOAWAY_GRACE};
 pub use listener::Listener;
 pub use metrics::LifecycleMetrics;
 pub use request::{RequestScope, Scoped, TrackedBody};
-pub use serve::{
-    serve, DrainOutcome, DrainReport, ServeConfig, ACCEPT_ERROR_BACKOFF, FIRST_REQUEST_GRACE,
-    GOAWAY_GRACE,
-};
+pub use serve::{serve, DrainOutcome, DrainReport};
 pub use shutdown::{Force, Phase, Shutdown, Trigger, Watch};
 pub use task::{HttpService, ResponseBody};
 pub use timeline::{Lifecycle, Report, Serve};

@@ -18,10 +18,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::TaskTracker;
 use tracing::debug;
 
+use crate::config::{ServeConfig, FIRST_REQUEST_GRACE, GOAWAY_GRACE};
 use crate::connection::{ConnState, ObservedStream};
 use crate::metrics::{ClosedBy, LifecycleMetrics};
 use crate::request::Scoped;
-use crate::serve::{ServeConfig, FIRST_REQUEST_GRACE, GOAWAY_GRACE};
 use crate::stage::{Event, Facts, Stage};
 use crate::Watch;
 

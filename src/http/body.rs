@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Body as _;
 
-use super::error::ApiError;
+use crate::error::ApiError;
 
 /// How request bodies are read before the concurrency limit.
 #[derive(Clone, Copy, Debug)]

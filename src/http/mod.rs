@@ -2,7 +2,7 @@
 //! JSON error boundary.
 
 pub mod body;
-mod error;
+
 pub mod lifecycle_metrics;
 pub mod metrics;
 pub mod middleware;
@@ -29,7 +29,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-pub use error::ApiError;
+pub use crate::error::ApiError;
 pub use metrics::HttpMetrics;
 pub use middleware::GuardMetrics;
 

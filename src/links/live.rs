@@ -20,9 +20,9 @@ use axum::Extension;
 use futures_util::Stream;
 use tokio::sync::watch;
 
+use super::error::not_found;
 use super::hits::HitCounter;
-use super::not_found;
-use crate::http::ApiError;
+use crate::error::ApiError;
 use crate::lifecycle::RequestScope;
 use crate::storage::Storage;
 

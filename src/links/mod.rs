@@ -4,14 +4,16 @@
 //! a task tracked by the lifecycle ([`RequestScope::run`]), so a client that
 //! hangs up cancels it through its token instead of dropping it mid-query.
 
+pub mod batch;
 pub mod cache;
+mod error;
 pub mod hits;
 pub mod live;
 pub mod spill;
 pub mod validate;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::{FromRef, Path, State};
 use axum::http::header::LOCATION;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -19,17 +21,26 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 
-use crate::http::{ApiError, AppState};
+use self::error::not_found;
+use crate::error::ApiError;
 use crate::lifecycle::RequestScope;
 use crate::storage::{Storage, StorageError, StoredLink};
 use cache::LinkCache;
 use hits::HitCounter;
+use live::LiveHits;
 
 /// How many times a generated code is retried after a collision.
 const GENERATE_ATTEMPTS: usize = 5;
 
-/// The link routes.
-pub fn routes() -> Router<AppState> {
+/// The link routes, on any state the handlers' parts can be taken from.
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Storage: FromRef<S>,
+    HitCounter: FromRef<S>,
+    LinkCache: FromRef<S>,
+    LiveHits: FromRef<S>,
+{
     Router::new()
         .route("/api/links", post(create))
         .route("/api/links/{code}", get(show))
@@ -70,19 +81,6 @@ pub struct LinkInfo {
     pub hits: i64,
     /// RFC 3339 creation time.
     pub created_at: String,
-}
-
-impl From<StorageError> for ApiError {
-    fn from(error: StorageError) -> ApiError {
-        match error {
-            StorageError::Conflict => ApiError::Conflict("code is already taken".to_owned()),
-            StorageError::Cancelled => ApiError::Cancelled,
-            StorageError::Unavailable(_) | StorageError::Down => {
-                ApiError::Unavailable("the database is unavailable; retry later".to_owned())
-            }
-            other => ApiError::Internal(Box::new(other)),
-        }
-    }
 }
 
 async fn create(
@@ -195,15 +193,6 @@ async fn redirect(
 struct UnredirectableLink {
     code: String,
     reason: String,
-}
-
-pub(crate) fn not_found(code: &str) -> ApiError {
-    // Echo the code only when it could be one: a 20 KB path gets a short answer.
-    if validate::code(code).is_ok() {
-        ApiError::NotFound(format!("no link with code '{code}'"))
-    } else {
-        ApiError::NotFound("no link with that code".to_owned())
-    }
 }
 
 fn now_rfc3339() -> String {

@@ -25,7 +25,7 @@ use rand::distr::{Alphanumeric, SampleString};
 
 use serde::{Deserialize, Serialize};
 
-use super::hits::Batch;
+use super::batch::Batch;
 use crate::storage::{Storage, StorageError};
 
 const SUFFIX: &str = ".spill.json";

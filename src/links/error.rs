@@ -1,0 +1,29 @@
+//! How the example's failures answer: storage errors as API errors, and the
+//! one "no such link" answer every route gives.
+
+use super::validate;
+use crate::error::ApiError;
+use crate::storage::StorageError;
+
+impl From<StorageError> for ApiError {
+    fn from(error: StorageError) -> ApiError {
+        match error {
+            StorageError::Conflict => ApiError::Conflict("code is already taken".to_owned()),
+            StorageError::Cancelled => ApiError::Cancelled,
+            StorageError::Unavailable(_) | StorageError::Down => {
+                ApiError::Unavailable("the database is unavailable; retry later".to_owned())
+            }
+            other => ApiError::Internal(Box::new(other)),
+        }
+    }
+}
+
+/// 404 for `code`, echoing it only when it could be a code.
+pub(crate) fn not_found(code: &str) -> ApiError {
+    // Echo the code only when it could be one: a 20 KB path gets a short answer.
+    if validate::code(code).is_ok() {
+        ApiError::NotFound(format!("no link with code '{code}'"))
+    } else {
+        ApiError::NotFound("no link with that code".to_owned())
+    }
+}

@@ -1,8 +1,8 @@
 //! Restarts that never close the socket, tested against the real binary:
 //! socket activation (`LISTEN_FDS`) and the in-place upgrade on SIGHUP
-//! (`src/lifecycle/handoff.rs`).
+//! (`lifecycle/src/handoff.rs`).
 //!
-//! The processes here are started by [`Server`] rather than
+//! The processes here are started as a bare [`Process`] rather than a
 //! `LameduckProcess`: they need a listening socket mapped to fd 3, a binary
 //! other than Cargo's, and a process group of their own, so that a failing
 //! test kills the successors a server started, not only the server.
@@ -10,15 +10,14 @@
 mod support;
 
 use std::error::Error as _;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -35,7 +34,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use tempfile::TempDir;
 
-use support::binary::{connect, get, read_response, BINARY};
+use support::binary::{connect, create_link, get, read_response, Process, BINARY};
 
 /// Generous bound on anything that should take well under a second: a log
 /// line to appear, a process to start, get ready or exit. Reaching it is a
@@ -80,11 +79,11 @@ fn socket_activation_serves_the_inherited_listener() {
             .args(["--listen", &taken_addr, "--data-dir"])
             .arg(data.path());
         pass_listeners(&mut command, &[listener, &admin_listener]);
-        Server::spawn(&mut command)
+        Process::spawn_group(&mut command)
     };
 
     let mut first = activated(&listener);
-    first.expect_log(INHERITED);
+    first.expect_log(INHERITED, PATIENCE);
     assert_eq!(first.listening_addr(), addr, "{}", first.log_text());
     let mut client = connect(addr);
     let response = get(&mut client, "/healthz").expect("GET /healthz");
@@ -113,7 +112,7 @@ fn socket_activation_serves_the_inherited_listener() {
     assert_eq!(response.status, 200, "{response:?}");
     let response = read_response(&mut queued_probe).expect("the queued probe is answered");
     assert_eq!(response.status, 200, "{response:?}");
-    second.expect_log(INHERITED);
+    second.expect_log(INHERITED, PATIENCE);
     second.signal(Signal::SIGTERM);
     assert_eq!(second.exit_code(PATIENCE), 0, "{}", second.log_text());
 }
@@ -148,9 +147,9 @@ fn in_place_upgrades_under_constant_load_drop_nothing() {
         .arg(&data)
         .arg("--pid-file")
         .arg(&pid_file);
-    let mut lineage = Lineage::start(Server::spawn(&mut command), pid_file);
+    let mut lineage = Lineage::start(Process::spawn_group(&mut command), pid_file);
     let addr = lineage.first.listening_addr();
-    let code = create_link(addr);
+    let code = create_link(addr, "https://example.com/handoff");
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -181,7 +180,7 @@ fn in_place_upgrades_under_constant_load_drop_nothing() {
         UPGRADES + 1,
         "every process served the inherited admin socket:\n{admin_lines}"
     );
-    assert_eq!(lineage.stop(), 0, "{}", lineage.first.log_excerpt());
+    assert_eq!(lineage.stop(), 0, "{}", log_excerpt(&lineage.first));
 
     // The comparison: stop, then start a fresh process on the same port.
     let fresh = || {
@@ -191,7 +190,7 @@ fn in_place_upgrades_under_constant_load_drop_nothing() {
             .arg(addr.to_string())
             .arg("--data-dir")
             .arg(&data);
-        let server = Server::spawn(&mut command);
+        let server = Process::spawn_group(&mut command);
         assert_eq!(server.listening_addr(), addr, "{}", server.log_text());
         server
     };
@@ -227,7 +226,7 @@ fn in_place_upgrades_under_constant_load_drop_nothing() {
         upgrades.failures(),
         0,
         "in-place upgrades failed requests:\n{upgrades}\nwarnings and summaries:\n{}",
-        lineage.first.log_excerpt()
+        log_excerpt(&lineage.first)
     );
 }
 
@@ -246,7 +245,7 @@ fn an_upgrade_to_a_binary_that_fails_at_startup_leaves_the_old_process_serving()
         .arg(dir.path().join("data"))
         .arg("--pid-file")
         .arg(&pid_file);
-    let mut server = Server::spawn(&mut command);
+    let mut server = Process::spawn_group(&mut command);
     let addr = server.listening_addr();
     assert_eq!(read_pid(&pid_file), Some(server.pid()));
 
@@ -258,7 +257,7 @@ fn an_upgrade_to_a_binary_that_fails_at_startup_leaves_the_old_process_serving()
     std::fs::rename(&staged, &exe).expect("install the script");
 
     server.signal(Signal::SIGHUP);
-    let failed = server.expect_log("upgrade failed");
+    let failed = server.expect_log("upgrade failed", PATIENCE);
     assert!(
         failed.contains("exited before it was ready"),
         "{}",
@@ -304,12 +303,7 @@ fn server_command(exe: &Path, admin: &str) -> Command {
             command.env_remove(&*key);
         }
     }
-    command
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+    command.env("RUST_LOG", "info");
     command
 }
 
@@ -334,177 +328,23 @@ fn read_pid(path: &Path) -> Option<Pid> {
     text.trim().parse().ok().map(Pid::from_raw)
 }
 
-/// Lines the process group wrote on stdout and stderr, shared with the
-/// reader threads; `grew` is notified on every new line.
-#[derive(Default)]
-struct Captured {
-    lines: Mutex<Vec<String>>,
-    grew: Condvar,
-}
-
-impl Captured {
-    fn lock(&self) -> MutexGuard<'_, Vec<String>> {
-        self.lines
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Waits up to `timeout` until a line contains `needle`; returns it.
-    fn wait_for(&self, needle: &str, timeout: Duration) -> Option<String> {
-        let deadline = Instant::now() + timeout;
-        let mut lines = self.lock();
-        loop {
-            if let Some(line) = lines.iter().find(|line| line.contains(needle)) {
-                return Some(line.clone());
-            }
-            let left = deadline.checked_duration_since(Instant::now())?;
-            lines = self
-                .grew
-                .wait_timeout(lines, left.min(Duration::from_millis(100)))
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
-        }
-    }
-}
-
-/// A `lameduck server` leading its own process group; its successors (if
-/// it upgrades) join the group and write to the same pipes. Dropped while
-/// it still runs, the whole group is killed.
-struct Server {
-    child: Child,
-    captured: Arc<Captured>,
-}
-
-impl Server {
-    /// Starts `command` (see [`server_command`]) and captures its output.
-    fn spawn(command: &mut Command) -> Server {
-        // A binary just copied may still be open for writing in a process
-        // another test thread is forking: retry ETXTBSY a few times.
-        let mut attempts = 0;
-        let mut child = loop {
-            match command.spawn() {
-                Ok(child) => break child,
-                Err(e) if e.raw_os_error() == Some(Errno::ETXTBSY as i32) && attempts < 50 => {
-                    attempts += 1;
-                    thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => panic!("cannot run {command:?}: {e}"),
-            }
-        };
-        let captured = Arc::new(Captured::default());
-        capture(child.stdout.take().expect("piped"), Arc::clone(&captured));
-        capture(child.stderr.take().expect("piped"), Arc::clone(&captured));
-        Server { child, captured }
-    }
-
-    fn pid(&self) -> Pid {
-        Pid::from_raw(i32::try_from(self.child.id()).expect("a pid fits in i32"))
-    }
-
-    fn signal(&mut self, signal: Signal) {
-        assert!(self.is_running(), "lameduck exited:\n{}", self.log_text());
-        kill(self.pid(), signal).expect("send a signal");
-    }
-
-    fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => return Some(status),
-                Ok(None) if Instant::now() < deadline => thread::sleep(POLL_INTERVAL),
-                Ok(None) => return None,
-                Err(e) => panic!("cannot wait for lameduck: {e}"),
-            }
-        }
-    }
-
-    /// The exit code, within `timeout`.
-    ///
-    /// # Panics
-    /// With the logs, if it still runs or was killed by a signal.
-    fn exit_code(&mut self, timeout: Duration) -> i32 {
-        let status = self.wait_exit(timeout);
-        status.and_then(|status| status.code()).unwrap_or_else(|| {
-            panic!(
-                "lameduck did not exit with a code within {timeout:?} ({status:?}):\n{}",
-                self.log_text()
-            )
-        })
-    }
-
-    fn log_text(&self) -> String {
-        self.captured.lock().join("\n")
-    }
-
-    /// Warnings, errors and shutdown summaries: the logs of fifty processes
-    /// in a few lines each.
-    fn log_excerpt(&self) -> String {
-        let lines = self.captured.lock();
-        let wanted = ["WARN", "ERROR", "shutdown complete"];
-        let excerpt: Vec<&str> = lines
-            .iter()
-            .filter(|line| wanted.iter().any(|word| line.contains(word)))
-            .map(String::as_str)
-            .collect();
-        excerpt.join("\n")
-    }
-
-    fn has_logged(&self, needle: &str) -> bool {
-        self.captured.wait_for(needle, Duration::ZERO).is_some()
-    }
-
-    /// The first line containing `needle`, waiting up to [`PATIENCE`].
-    fn expect_log(&self, needle: &str) -> String {
-        self.captured
-            .wait_for(needle, PATIENCE)
-            .unwrap_or_else(|| panic!("no line contains {needle:?}:\n{}", self.log_text()))
-    }
-
-    /// The address of the first `listening on http://ADDR` line.
-    fn listening_addr(&self) -> SocketAddr {
-        let line = self.expect_log(LISTENING);
-        let rest = &line[line.find(LISTENING).expect("found") + LISTENING.len()..];
-        let end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ':'))
-            .unwrap_or(rest.len());
-        rest[..end]
-            .parse()
-            .unwrap_or_else(|e| panic!("bad address in {line:?}: {e}"))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if self.is_running() {
-            let _ = killpg(self.pid(), Signal::SIGKILL);
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// Copies `pipe` line by line into `captured` until every writer closes it.
-fn capture(pipe: impl Read + Send + 'static, captured: Arc<Captured>) {
-    thread::spawn(move || {
-        let mut reader = BufReader::new(pipe);
-        let mut line = Vec::new();
-        while let Ok(1..) = reader.read_until(b'\n', &mut line) {
-            let text = String::from_utf8_lossy(&line).trim_end().to_owned();
-            captured.lock().push(text);
-            captured.grew.notify_all();
-            line.clear();
-        }
-    });
+/// Warnings, errors and shutdown summaries: the logs of fifty processes in
+/// a few lines each.
+fn log_excerpt(server: &Process) -> String {
+    let wanted = ["WARN", "ERROR", "shutdown complete"];
+    let lines: Vec<String> = server
+        .logs()
+        .into_iter()
+        .filter(|line| wanted.iter().any(|word| line.contains(word)))
+        .collect();
+    lines.join("\n")
 }
 
 /// A server and the successors of its in-place upgrades, one process group.
 /// Dropped before [`Lineage::stop`], the whole group is killed.
 struct Lineage {
     /// The process the test started; every successor logs to its pipes.
-    first: Server,
+    first: Process,
     /// The process serving now: the pid its pid file names.
     current: Pid,
     pid_file: PathBuf,
@@ -512,9 +352,9 @@ struct Lineage {
 }
 
 impl Lineage {
-    fn start(first: Server, pid_file: PathBuf) -> Lineage {
+    fn start(first: Process, pid_file: PathBuf) -> Lineage {
         let current = first.pid();
-        first.expect_log(LISTENING);
+        first.expect_log(LISTENING, PATIENCE);
         assert_eq!(read_pid(&pid_file), Some(current), "{}", first.log_text());
         Lineage {
             first,
@@ -913,20 +753,4 @@ async fn exchange(sender: &mut SendRequest<Empty<Bytes>>, path: &str) -> Result<
     } else {
         Err(Failure(Fate::Status, format!("{path}: {status}")))
     }
-}
-
-/// Creates a link to redirect through; returns its code.
-fn create_link(addr: SocketAddr) -> String {
-    const BODY: &str = r#"{"url":"https://example.com/handoff","code":"handoff"}"#;
-    let mut stream = connect(addr);
-    write!(
-        stream,
-        "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{BODY}",
-        BODY.len()
-    )
-    .expect("send POST /api/links");
-    let response = read_response(&mut stream).expect("POST /api/links");
-    assert_eq!(response.status, 201, "{response:?}");
-    response.json()["code"].as_str().expect("a code").to_owned()
 }

@@ -30,8 +30,8 @@ use tokio::sync::mpsc;
 use tokio::task::block_in_place;
 
 use support::binary::{
-    self, connect, finish_slow_post, get, read_response, start_slow_post, wait_for_eof,
-    LameduckProcess, LINK, LINK_SPLIT,
+    self, connect, finish_slow_post, get, read_response, send_create, start_slow_post,
+    wait_for_eof, LameduckProcess, LINK, LINK_SPLIT,
 };
 use support::postgres::PgCluster;
 
@@ -550,17 +550,7 @@ async fn sigterm_during_a_postgres_transaction_lets_it_finish_and_commit() {
         .await
         .expect("lock the links table");
 
-    let mut client = block_in_place(|| {
-        let mut stream = connect(addr);
-        write!(
-            stream,
-            "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{LINK}",
-            LINK.len()
-        )
-        .expect("send the request");
-        stream
-    });
+    let mut client = block_in_place(|| send_create(addr, LINK));
     let mut observer = PgConnection::connect(&url).await.expect("connect");
     let deadline = Instant::now() + PATIENCE;
     loop {

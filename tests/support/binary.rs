@@ -20,13 +20,14 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use tempfile::TempDir;
 
@@ -108,73 +109,63 @@ impl Captured {
     }
 }
 
-/// A running `lameduck server`.
-pub struct LameduckProcess {
+/// A child process whose stdout and stderr are captured line by line.
+/// Dropped while it runs, it is killed (with its process group, if it
+/// leads one).
+pub struct Process {
     child: Child,
-    addr: SocketAddr,
-    admin_addr: SocketAddr,
     captured: Arc<Captured>,
-    /// The `--data-dir` (SQLite database); removed on drop, after the child.
-    _data_dir: TempDir,
+    /// It leads a process group of its own (its successors join it).
+    group: bool,
 }
 
-impl LameduckProcess {
-    /// Runs `lameduck server ARGS` with `ENVS` and waits until it listens.
-    ///
-    /// Adds `--listen 127.0.0.1:0` and `--data-dir <fresh temporary
-    /// directory>` unless `args` (or `envs`, for the listen address) set
-    /// them. The child gets `RUST_LOG=info` unless `envs` sets it, and none
-    /// of the test's own `LAMEDUCK_*` or `DATABASE_URL` variables.
+impl Process {
+    /// Starts `command` with its output piped and captured. A binary just
+    /// copied may still be open for writing in a process another test
+    /// thread is forking: ETXTBSY is retried a few times.
     ///
     /// # Panics
-    /// With everything the child wrote, if it does not log `listening on
-    /// http://ADDR` within [`START_TIMEOUT`].
-    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> LameduckProcess {
-        LameduckProcess::start_exe(Path::new(BINARY), args, envs)
-    }
-
-    /// Like [`LameduckProcess::start`], running the binary at `exe` (a copy
-    /// that a test may later replace, as a broken release would).
-    pub fn start_exe(exe: &Path, args: &[&str], envs: &[(&str, &str)]) -> LameduckProcess {
-        let (mut child, captured, data_dir) = spawn(exe, args, envs);
-        let deadline = Instant::now() + START_TIMEOUT;
-        let addr = loop {
-            let public = captured.wait_for(LISTENING, Duration::from_millis(100));
-            let admin = captured.wait_for(ADMIN, Duration::ZERO);
-            if let (Some(public), Some(admin)) = (public, admin) {
-                break parse_address(&public, LISTENING).zip(parse_address(&admin, ADMIN));
-            }
-            if Instant::now() > deadline || !matches!(child.try_wait(), Ok(None)) {
-                break None;
+    /// If the command cannot be started.
+    pub fn spawn(command: &mut Command) -> Process {
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut attempts = 0;
+        let mut child = loop {
+            match command.spawn() {
+                Ok(child) => break child,
+                Err(e) if e.raw_os_error() == Some(nix::libc::ETXTBSY) && attempts < 50 => {
+                    attempts += 1;
+                    thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("cannot run {command:?}: {e}"),
             }
         };
-        let Some(addr) = addr else {
-            let _ = child.kill();
-            let status = child.wait();
-            panic!(
-                "lameduck did not log `{LISTENING}ADDR` within {START_TIMEOUT:?} \
-                 (exit: {status:?}); it wrote:\n{}",
-                captured.all().join("\n")
-            );
-        };
-        let (addr, admin_addr) = addr;
-        LameduckProcess {
+        let captured = Arc::new(Captured::default());
+        capture(
+            child.stdout.take().expect("piped"),
+            Stream::Stdout,
+            Arc::clone(&captured),
+        );
+        capture(
+            child.stderr.take().expect("piped"),
+            Stream::Stderr,
+            Arc::clone(&captured),
+        );
+        Process {
             child,
-            addr,
-            admin_addr,
             captured,
-            _data_dir: data_dir,
+            group: false,
         }
     }
 
-    /// The address the server listens on.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// The admin listener's address: `/healthz`, `/readyz`, `/metrics`.
-    pub fn admin_addr(&self) -> SocketAddr {
-        self.admin_addr
+    /// Like [`Process::spawn`], as the leader of a new process group that
+    /// its successors inherit; dropped while it runs, the group is killed.
+    pub fn spawn_group(command: &mut Command) -> Process {
+        let mut process = Process::spawn(command.process_group(0));
+        process.group = true;
+        process
     }
 
     /// The child's process id.
@@ -191,12 +182,11 @@ impl LameduckProcess {
         // Until `try_wait` reaps it, the pid stays ours, even as a zombie.
         if let Ok(Some(status)) = self.child.try_wait() {
             panic!(
-                "cannot send {signal}: lameduck already exited ({status}); logs:\n{}",
+                "cannot send {signal}: the child already exited ({status}); logs:\n{}",
                 self.log_text()
             );
         }
-        kill(self.pid(), signal)
-            .unwrap_or_else(|e| panic!("cannot send {signal} to lameduck: {e}"));
+        kill(self.pid(), signal).unwrap_or_else(|e| panic!("cannot send {signal}: {e}"));
     }
 
     /// Waits up to `timeout` for the child to exit; `None` if it still runs.
@@ -213,42 +203,16 @@ impl LameduckProcess {
     pub fn exit_code(&mut self, within: Duration) -> i32 {
         let Some(status) = self.wait_exit(within) else {
             panic!(
-                "lameduck still runs after {within:?}; logs:\n{}",
+                "the child still runs after {within:?}; logs:\n{}",
                 self.log_text()
             );
         };
         status.code().unwrap_or_else(|| {
             panic!(
-                "lameduck was ended by a signal ({status}); logs:\n{}",
+                "the child was ended by a signal ({status}); logs:\n{}",
                 self.log_text()
             )
         })
-    }
-
-    /// Waits until the server's own `lameduck_requests_in_flight` gauge,
-    /// read on the admin listener (whose requests it does not count), shows
-    /// `n` requests, so that a signal sent next is known to find them.
-    ///
-    /// # Panics
-    /// With the last `/metrics`, if they never show up within
-    /// [`START_TIMEOUT`].
-    pub fn wait_in_flight(&self, n: i64) {
-        let deadline = Instant::now() + START_TIMEOUT;
-        let mut last = String::new();
-        while Instant::now() < deadline {
-            if let Ok(metrics) = request(self.admin_addr, "GET", "/metrics", None) {
-                last = String::from_utf8_lossy(&metrics.body).into_owned();
-                let in_flight = last
-                    .lines()
-                    .find_map(|line| line.strip_prefix("lameduck_requests_in_flight "))
-                    .and_then(|value| value.trim().parse::<i64>().ok());
-                if in_flight.is_some_and(|count| count >= n) {
-                    return;
-                }
-            }
-            thread::sleep(POLL_INTERVAL);
-        }
-        panic!("{n} request(s) never showed up in flight; last /metrics:\n{last}");
     }
 
     /// Whether the child is still running.
@@ -276,6 +240,23 @@ impl LameduckProcess {
         self.captured.wait_for(needle, Duration::ZERO).is_some()
     }
 
+    /// The first line containing `needle`, waiting up to `timeout`.
+    ///
+    /// # Panics
+    /// With the logs, if no line contains it in time.
+    pub fn expect_log(&self, needle: &str, timeout: Duration) -> String {
+        self.captured
+            .wait_for(needle, timeout)
+            .unwrap_or_else(|| panic!("no line contains {needle:?}:\n{}", self.log_text()))
+    }
+
+    /// The address of the first `listening on http://ADDR` line, waiting up
+    /// to [`START_TIMEOUT`].
+    pub fn listening_addr(&self) -> SocketAddr {
+        let line = self.expect_log(LISTENING, START_TIMEOUT);
+        parse_address(&line, LISTENING).unwrap_or_else(|| panic!("no address in {line:?}"))
+    }
+
     /// The first line containing `needle`, parsed as JSON (for
     /// `--log-format json`).
     pub fn json_log(&self, needle: &str) -> Option<serde_json::Value> {
@@ -284,12 +265,125 @@ impl LameduckProcess {
     }
 }
 
-impl Drop for LameduckProcess {
+impl Drop for Process {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
+        if self.is_running() {
+            let _ = if self.group {
+                killpg(self.pid(), Signal::SIGKILL)
+            } else {
+                kill(self.pid(), Signal::SIGKILL)
+            };
             let _ = self.child.wait();
         }
+    }
+}
+
+/// A running `lameduck server`; everything of [`Process`] through `Deref`.
+pub struct LameduckProcess {
+    process: Process,
+    addr: SocketAddr,
+    admin_addr: SocketAddr,
+    /// The `--data-dir` (SQLite database); removed on drop, after the child.
+    _data_dir: TempDir,
+}
+
+impl std::ops::Deref for LameduckProcess {
+    type Target = Process;
+
+    fn deref(&self) -> &Process {
+        &self.process
+    }
+}
+
+impl std::ops::DerefMut for LameduckProcess {
+    fn deref_mut(&mut self) -> &mut Process {
+        &mut self.process
+    }
+}
+
+impl LameduckProcess {
+    /// Runs `lameduck server ARGS` with `ENVS` and waits until it listens.
+    ///
+    /// Adds `--listen 127.0.0.1:0` and `--data-dir <fresh temporary
+    /// directory>` unless `args` (or `envs`, for the listen address) set
+    /// them. The child gets `RUST_LOG=info` unless `envs` sets it, and none
+    /// of the test's own `LAMEDUCK_*` or `DATABASE_URL` variables.
+    ///
+    /// # Panics
+    /// With everything the child wrote, if it does not log `listening on
+    /// http://ADDR` within [`START_TIMEOUT`].
+    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> LameduckProcess {
+        LameduckProcess::start_exe(Path::new(BINARY), args, envs)
+    }
+
+    /// Like [`LameduckProcess::start`], running the binary at `exe` (a copy
+    /// that a test may later replace, as a broken release would).
+    pub fn start_exe(exe: &Path, args: &[&str], envs: &[(&str, &str)]) -> LameduckProcess {
+        let (mut process, data_dir) = spawn(exe, args, envs);
+        let deadline = Instant::now() + START_TIMEOUT;
+        let captured = Arc::clone(&process.captured);
+        let addr = loop {
+            let public = captured.wait_for(LISTENING, Duration::from_millis(100));
+            let admin = captured.wait_for(ADMIN, Duration::ZERO);
+            if let (Some(public), Some(admin)) = (public, admin) {
+                break parse_address(&public, LISTENING).zip(parse_address(&admin, ADMIN));
+            }
+            if Instant::now() > deadline || !process.is_running() {
+                break None;
+            }
+        };
+        let Some(addr) = addr else {
+            let _ = process.child.kill();
+            let status = process.child.wait();
+            panic!(
+                "lameduck did not log `{LISTENING}ADDR` within {START_TIMEOUT:?} \
+                 (exit: {status:?}); it wrote:\n{}",
+                captured.all().join("\n")
+            );
+        };
+        let (addr, admin_addr) = addr;
+        LameduckProcess {
+            process,
+            addr,
+            admin_addr,
+            _data_dir: data_dir,
+        }
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The admin listener's address: `/healthz`, `/readyz`, `/metrics`.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// Waits until the server's own `lameduck_requests_in_flight` gauge,
+    /// read on the admin listener (whose requests it does not count), shows
+    /// `n` requests, so that a signal sent next is known to find them.
+    ///
+    /// # Panics
+    /// With the last `/metrics`, if they never show up within
+    /// [`START_TIMEOUT`].
+    pub fn wait_in_flight(&self, n: i64) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            if let Ok(metrics) = request(self.admin_addr, "GET", "/metrics", None) {
+                last = String::from_utf8_lossy(&metrics.body).into_owned();
+                let in_flight = last
+                    .lines()
+                    .find_map(|line| line.strip_prefix("lameduck_requests_in_flight "))
+                    .and_then(|value| value.trim().parse::<i64>().ok());
+                if in_flight.is_some_and(|count| count >= n) {
+                    return;
+                }
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
+        panic!("{n} request(s) never showed up in flight; last /metrics:\n{last}");
     }
 }
 
@@ -320,15 +414,15 @@ impl Finished {
 /// # Panics
 /// If it still runs after `timeout` (it is killed first).
 pub fn run(args: &[&str], envs: &[(&str, &str)], timeout: Duration) -> Finished {
-    let (mut child, captured, _data_dir) = spawn(Path::new(BINARY), args, envs);
-    let Some(status) = wait_child(&mut child, timeout) else {
-        let _ = child.kill();
-        let _ = child.wait();
+    let (mut process, _data_dir) = spawn(Path::new(BINARY), args, envs);
+    let captured = Arc::clone(&process.captured);
+    let Some(status) = process.wait_exit(timeout) else {
         panic!(
             "lameduck {args:?} did not exit within {timeout:?}; it wrote:\n{}",
-            captured.all().join("\n")
+            process.log_text()
         );
     };
+    drop(process);
     // The pipes close with the child; give the readers a moment to finish.
     let deadline = Instant::now() + Duration::from_secs(2);
     while Arc::strong_count(&captured) > 1 && Instant::now() < deadline {
@@ -341,7 +435,7 @@ pub fn run(args: &[&str], envs: &[(&str, &str)], timeout: Duration) -> Finished 
     }
 }
 
-fn spawn(exe: &Path, args: &[&str], envs: &[(&str, &str)]) -> (Child, Arc<Captured>, TempDir) {
+fn spawn(exe: &Path, args: &[&str], envs: &[(&str, &str)]) -> (Process, TempDir) {
     let data_dir = tempfile::Builder::new()
         .prefix("lameduck-bin-")
         .tempdir()
@@ -365,22 +459,8 @@ fn spawn(exe: &Path, args: &[&str], envs: &[(&str, &str)]) -> (Child, Arc<Captur
             command.env_remove(&*key);
         }
     }
-    command
-        .env("RUST_LOG", "info")
-        .envs(envs.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = command
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
-
-    let captured = Arc::new(Captured::default());
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let stderr = child.stderr.take().expect("stderr is piped");
-    capture(stdout, Stream::Stdout, Arc::clone(&captured));
-    capture(stderr, Stream::Stderr, Arc::clone(&captured));
-    (child, captured, data_dir)
+    command.env("RUST_LOG", "info").envs(envs.iter().copied());
+    (Process::spawn(&mut command), data_dir)
 }
 
 /// Copies `pipe` line by line into `captured` until the child closes it.
@@ -530,6 +610,23 @@ pub fn request(
         body.len()
     )?;
     read_response(&mut stream)
+}
+
+/// Sends a whole `POST /api/links` with the JSON `body` on a new
+/// connection and returns it unread: the answer is the test's to wait for.
+///
+/// # Panics
+/// If the request cannot be sent.
+pub fn send_create(addr: SocketAddr, body: &str) -> TcpStream {
+    let mut stream = connect(addr);
+    write!(
+        stream,
+        "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send POST /api/links");
+    stream
 }
 
 /// Creates a link to `url` and returns its code.

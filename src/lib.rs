@@ -5,7 +5,7 @@
 //! 1. `main` installs SIGTERM/SIGINT/SIGHUP handlers, then [`App::build`]
 //!    opens the database, applies spilled state, binds (or inherits) the
 //!    listener and starts the workers.
-//! 2. [`lifecycle::serve`] accepts connections on a `run_until_cancelled`
+//! 2. [`lifecycle::Lifecycle`] accepts connections on a `run_until_cancelled`
 //!    loop and hands each to a `TaskTracker`; every request gets a
 //!    cancellation token that fires if the client hangs up.
 //! 3. The first signal turns `/readyz` to 503 and starts the lame-duck
@@ -20,12 +20,14 @@
 //!    outcome becomes an exit code.
 //!
 //! # Layout
-//! - [`lifecycle`]: signals, the shutdown handle, the accept loop and its
-//!   connection deadlines, the per-request scope, workers and finalizers,
-//!   socket handoff. Domain-blind: lift it into another service as is.
+//! - [`lifecycle`]: the `lameduck-lifecycle` crate (`lifecycle/`), owner of
+//!   the timeline: signals, the accept loop and its connection deadlines,
+//!   the per-request scope, workers and finalizers, the admin socket,
+//!   socket handoff. Domain-blind: depend on it unchanged.
 //! - [`app`]: wires the domain to the lifecycle.
 //! - [`config`]: command line and environment.
-//! - [`http`]: router, health, readiness, metrics, JSON errors.
+//! - [`http`]: router, health, readiness, metrics.
+//! - [`error`]: the JSON error every handler answers with.
 //! - [`links`]: the example domain, a link shortener (replace it).
 //! - [`storage`]: the example's database (SQLite or PostgreSQL).
 //! - [`exit`]: outcomes as exit codes. [`telemetry`]: logging.

@@ -288,7 +288,7 @@ mod tests {
 
     #[test]
     fn listening_addresses_are_found_in_text_and_json_lines() {
-        let text = "2025-01-01T00:00:00Z  INFO lameduck::lifecycle::serve: listening on http://127.0.0.1:4242";
+        let text = "2025-01-01T00:00:00Z  INFO lameduck_lifecycle::serve: listening on http://127.0.0.1:4242";
         assert_eq!(
             listening_addr(text),
             Some(SocketAddr::from(([127, 0, 0, 1], 4242)))

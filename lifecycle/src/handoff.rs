@@ -15,7 +15,6 @@
 //!   process keeps serving.
 
 use std::ffi::OsString;
-use std::fmt;
 use std::io;
 use std::net::TcpListener;
 use std::os::fd::OwnedFd;
@@ -26,7 +25,7 @@ use command_fds::{CommandFdExt, FdMapping};
 use tokio::net::UnixDatagram;
 use tracing::{info, warn};
 
-use crate::{error_chain, Trigger, Watch, LOG_TARGET};
+use crate::{Trigger, Watch, LOG_TARGET};
 
 /// How long a successor may take to report ready (startup includes
 /// migrations and spill replay) before the upgrade is abandoned.
@@ -75,40 +74,6 @@ pub fn notify_ready() {
 /// Tells the service manager that the server is stopping.
 pub fn notify_stopping() {
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-}
-
-/// Why an upgrade did not happen.
-#[derive(Debug)]
-pub enum UpgradeError {
-    /// The successor could not be started.
-    Spawn(PathBuf, io::Error),
-    /// The successor exited before it was ready.
-    Exited(std::process::ExitStatus),
-    /// The successor did not report ready in time.
-    NotReady(Duration),
-}
-
-impl fmt::Display for UpgradeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            UpgradeError::Spawn(exe, _) => write!(f, "cannot start {}", exe.display()),
-            UpgradeError::Exited(status) => {
-                write!(f, "the new process exited before it was ready ({status})")
-            }
-            UpgradeError::NotReady(wait) => {
-                write!(f, "the new process was not ready within {wait:?}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for UpgradeError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            UpgradeError::Spawn(_, source) => Some(source),
-            _ => None,
-        }
-    }
 }
 
 /// How to start a successor: this process's binary path (taken at startup,
@@ -160,24 +125,27 @@ pub(crate) async fn upgrade_on_hangup(
                 return;
             }
             Err(error) => {
-                warn!(target: LOG_TARGET, error = %error_chain(&error), "upgrade failed; this process keeps serving");
+                warn!(target: LOG_TARGET, %error, "upgrade failed; this process keeps serving");
             }
         }
     }
 }
 
 /// Starts the successor with `sockets` as fds 3, 4, … and waits until it
-/// is ready; returns its pid.
-async fn upgrade(sockets: &[OwnedFd], successor: &Successor) -> Result<u32, UpgradeError> {
-    let spawn_error = |source| UpgradeError::Spawn(successor.exe.clone(), source);
+/// is ready; returns its pid. The error says why not, in its message.
+async fn upgrade(sockets: &[OwnedFd], successor: &Successor) -> io::Result<u32> {
+    let cannot_start = |error: io::Error| {
+        let exe = successor.exe.display();
+        io::Error::new(error.kind(), format!("cannot start {exe}: {error}"))
+    };
     let notify_path = notify_socket_path();
     let _ = std::fs::remove_file(&notify_path);
-    let notify = UnixDatagram::bind(&notify_path).map_err(spawn_error)?;
+    let notify = UnixDatagram::bind(&notify_path).map_err(cannot_start)?;
     let _remove = RemoveOnDrop(&notify_path);
 
     let mut mappings = Vec::new();
     for (child_fd, socket) in (3..).zip(sockets) {
-        let parent_fd = socket.try_clone().map_err(spawn_error)?;
+        let parent_fd = socket.try_clone().map_err(cannot_start)?;
         mappings.push(FdMapping {
             parent_fd,
             child_fd,
@@ -190,31 +158,30 @@ async fn upgrade(sockets: &[OwnedFd], successor: &Successor) -> Result<u32, Upgr
         .env_remove("LISTEN_PID")
         .env("NOTIFY_SOCKET", &notify_path)
         .fd_mappings(mappings)
-        .map_err(|collision| spawn_error(io::Error::other(collision)))?;
-    let mut child = command.spawn().map_err(spawn_error)?;
+        .map_err(|collision| cannot_start(io::Error::other(collision)))?;
+    let mut child = command.spawn().map_err(cannot_start)?;
     let pid = child.id().unwrap_or_default();
 
     let ready = async {
         let mut buffer = [0u8; 256];
-        loop {
-            let Ok(len) = notify.recv(&mut buffer).await else {
-                return std::future::pending().await;
-            };
-            if String::from_utf8_lossy(&buffer[..len])
-                .lines()
-                .any(|line| line == "READY=1")
-            {
+        while let Ok(len) = notify.recv(&mut buffer).await {
+            let message = String::from_utf8_lossy(&buffer[..len]);
+            if message.lines().any(|line| line == "READY=1") {
                 return;
             }
         }
+        std::future::pending().await
     };
     let outcome = tokio::select! {
         () = ready => Ok(pid),
         exited = child.wait() => Err(match exited {
-            Ok(status) => UpgradeError::Exited(status),
-            Err(source) => spawn_error(source),
+            Ok(status) => io::Error::other(format!("the new process exited before it was ready ({status})")),
+            Err(error) => cannot_start(error),
         }),
-        () = tokio::time::sleep(UPGRADE_READY_TIMEOUT) => Err(UpgradeError::NotReady(UPGRADE_READY_TIMEOUT)),
+        () = tokio::time::sleep(UPGRADE_READY_TIMEOUT) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the new process was not ready within {UPGRADE_READY_TIMEOUT:?}"),
+        )),
     };
     if outcome.is_err() {
         let _ = child.kill().await;

@@ -109,16 +109,20 @@ impl StopReport {
         self.stopped
             .iter()
             .map(|s| {
-                format!(
-                    "{}:{}={}({}ms)",
-                    s.kind,
-                    s.name,
-                    s.outcome.label(),
-                    s.took.as_millis()
-                )
+                let took = s.took.as_millis();
+                format!("{}:{}={}({took}ms)", s.kind, s.name, s.outcome.label())
             })
             .collect::<Vec<_>>()
             .join(" ")
+    }
+
+    fn record(&mut self, name: &'static str, kind: &'static str, outcome: Outcome, took: Duration) {
+        self.stopped.push(Stopped {
+            name,
+            kind,
+            outcome,
+            took,
+        });
     }
 }
 
@@ -159,15 +163,11 @@ pub struct Workers {
 
 impl std::fmt::Debug for Workers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let critical: Vec<_> = self.critical.iter().map(|w| w.name).collect();
+        let finalizers: Vec<_> = self.finalizers.iter().map(|f| f.name).collect();
         f.debug_struct("Workers")
-            .field(
-                "critical",
-                &self.critical.iter().map(|w| w.name).collect::<Vec<_>>(),
-            )
-            .field(
-                "finalizers",
-                &self.finalizers.iter().map(|f| f.name).collect::<Vec<_>>(),
-            )
+            .field("critical", &critical)
+            .field("finalizers", &finalizers)
             .finish_non_exhaustive()
     }
 }
@@ -175,13 +175,11 @@ impl std::fmt::Debug for Workers {
 impl Workers {
     /// An empty registry on `shutdown`'s timeline.
     pub fn new(shutdown: &Shutdown) -> Workers {
-        let background_token = CancellationToken::new();
-        let watch = shutdown.watch().clone();
         Workers {
-            watch,
+            watch: shutdown.watch().clone(),
             trigger: shutdown.trigger_handle(),
             critical_token: CancellationToken::new(),
-            background_token,
+            background_token: CancellationToken::new(),
             critical: Vec::new(),
             finalizers: Vec::new(),
             force_hooks: Vec::new(),
@@ -297,52 +295,38 @@ impl Workers {
             let mut handle = worker.handle;
             let outcome = tokio::select! {
                 joined = tokio::time::timeout_at(started + worker.budget, &mut handle) => match joined {
-                    Ok(Ok(outcome)) => outcome,
-                    Ok(Err(join_error)) => Outcome::Panicked(join_error.to_string()),
+                    Ok(joined) => joined.unwrap_or_else(|join_error| Outcome::Panicked(join_error.to_string())),
                     Err(_elapsed) => {
-                        handle.abort();
                         warn!(target: LOG_TARGET, worker = worker.name, budget = ?worker.budget, "worker did not stop within its budget; abandoned");
                         Outcome::Abandoned
                     }
                 },
-                () = watch.forced() => {
-                    handle.abort();
-                    Outcome::Abandoned
-                }
+                () = watch.forced() => Outcome::Abandoned,
             };
-            report.stopped.push(Stopped {
-                name: worker.name,
-                kind: "worker",
-                outcome,
-                took: started.elapsed(),
-            });
+            // Nothing to abort if it finished.
+            handle.abort();
+            report.record(worker.name, "worker", outcome, started.elapsed());
         }
 
-        for finalizer in self.finalizers.into_iter().rev() {
+        for Finalizer { name, budget, run } in self.finalizers.into_iter().rev() {
             let started = Instant::now();
             let outcome = if watch.is_forced() {
                 Outcome::Skipped
             } else {
-                info!(target: LOG_TARGET, finalizer = finalizer.name, budget = ?finalizer.budget, "finalizer started");
-                let run = run_caught((finalizer.run)());
+                info!(target: LOG_TARGET, finalizer = name, ?budget, "finalizer started");
                 tokio::select! {
-                    finished = tokio::time::timeout(finalizer.budget, run) => finished.unwrap_or_else(|_elapsed| {
-                        warn!(target: LOG_TARGET, finalizer = finalizer.name, budget = ?finalizer.budget, "finalizer overran its budget; abandoned");
+                    finished = tokio::time::timeout(budget, run_caught(run())) => finished.unwrap_or_else(|_elapsed| {
+                        warn!(target: LOG_TARGET, finalizer = name, ?budget, "finalizer overran its budget; abandoned");
                         Outcome::Abandoned
                     }),
                     () = watch.forced() => Outcome::Abandoned,
                 }
             };
             if let Outcome::Failed(error) | Outcome::Panicked(error) = &outcome {
-                error!(target: LOG_TARGET, finalizer = finalizer.name, %error, "finalizer failed");
+                error!(target: LOG_TARGET, finalizer = name, %error, "finalizer failed");
             }
-            info!(target: LOG_TARGET, finalizer = finalizer.name, outcome = outcome.label(), took = ?started.elapsed(), "finalizer finished");
-            report.stopped.push(Stopped {
-                name: finalizer.name,
-                kind: "finalizer",
-                outcome,
-                took: started.elapsed(),
-            });
+            info!(target: LOG_TARGET, finalizer = name, outcome = outcome.label(), took = ?started.elapsed(), "finalizer finished");
+            report.record(name, "finalizer", outcome, started.elapsed());
         }
 
         report.forced = watch.is_forced();
@@ -366,12 +350,7 @@ fn run_force_hooks(hooks: Vec<(&'static str, ForceHook)>, report: &mut StopRepor
             error!(target: LOG_TARGET, hook = name, %error, "force hook failed");
         }
         info!(target: LOG_TARGET, hook = name, outcome = outcome.label(), took = ?started.elapsed(), "force hook finished");
-        report.stopped.push(Stopped {
-            name,
-            kind: "force hook",
-            outcome,
-            took: started.elapsed(),
-        });
+        report.record(name, "force hook", outcome, started.elapsed());
     }
 }
 

@@ -37,7 +37,7 @@ pub(crate) struct ConnState {
     pub(crate) requests: CancellationToken,
     /// Set once a response went out with `Connection: close`: the server,
     /// not the client, ended this connection.
-    close_sent: AtomicBool,
+    pub(crate) close_sent: AtomicBool,
     /// Requests of this connection not finished yet: from the head until
     /// the response body has been sent (or dropped).
     busy: AtomicUsize,
@@ -90,25 +90,8 @@ impl ConnState {
         }
     }
 
-    fn protocol(&self) -> Protocol {
-        let protocol = self.protocol.load(Ordering::Acquire);
-        Protocol::ALL[usize::from(protocol)]
-    }
-
-    pub(crate) fn is_http2(&self) -> bool {
-        self.protocol() == Protocol::Http2
-    }
-
-    pub(crate) fn is_http1(&self) -> bool {
-        self.protocol() == Protocol::Http1
-    }
-
-    pub(crate) fn close_sent(&self) -> bool {
-        self.close_sent.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn mark_close_sent(&self) {
-        self.close_sent.store(true, Ordering::Release);
+    pub(crate) fn protocol(&self) -> Protocol {
+        Protocol::ALL[usize::from(self.protocol.load(Ordering::Acquire))]
     }
 
     /// Milliseconds since `born`.
@@ -125,15 +108,10 @@ impl ConnState {
     fn bytes_arrived(&self) {
         if self.busy.load(Ordering::Acquire) == 0
             && self.head_since.load(Ordering::Acquire) == 0
-            && !self.is_http2()
+            && self.protocol() != Protocol::Http2
         {
             self.head_since.store(self.now_ms() + 1, Ordering::Release);
         }
-    }
-
-    /// `true` once the connection has carried a request.
-    pub(crate) fn has_served(&self) -> bool {
-        self.first_request.is_cancelled()
     }
 
     pub(crate) fn request_started(&self) {
@@ -190,7 +168,7 @@ impl ConnState {
         let mut at = self.born + timeout;
         loop {
             tokio::time::sleep_until(at).await;
-            if self.is_http2() {
+            if self.protocol() == Protocol::Http2 {
                 return std::future::pending().await;
             }
             let since = self.head_since.load(Ordering::Acquire);

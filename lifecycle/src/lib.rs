@@ -22,7 +22,7 @@ pub use metrics::LifecycleMetrics;
 pub use request::{RequestScope, Scoped, TrackedBody};
 pub use serve::{serve, DrainOutcome, DrainReport};
 pub use shutdown::{Force, Phase, Shutdown, Trigger, Watch};
-pub use task::{HttpService, ResponseBody};
+pub use task::HttpService;
 pub use timeline::{Lifecycle, Report, Serve};
 pub use workers::{BoxError, Outcome, StopReport, Stopped, Workers};
 

@@ -2,7 +2,10 @@
 //! An application exports them by reading a [`Snapshot`] at scrape time
 //! (the example service turns it into Prometheus series).
 
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicI64, AtomicU64, AtomicU8,
+    Ordering::{AcqRel, Acquire, Relaxed},
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -101,7 +104,7 @@ impl LifecycleMetrics {
             requests_aborted: c.requests_aborted.load(Relaxed),
             requests_drained: c.requests_drained.load(Relaxed),
             accept_errors: c.accept_errors.load(Relaxed),
-            phase: Phase::from_u8(c.phase.load(Relaxed)),
+            phase: self.phase(),
             drain: Duration::from_micros(c.drain_micros.load(Relaxed)),
         }
     }
@@ -133,39 +136,32 @@ impl LifecycleMetrics {
         self.0.connections_closed[by as usize].fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn closed_by(&self, by: ClosedBy) -> u64 {
-        self.0.connections_closed[by as usize].load(Relaxed)
-    }
-
     pub(crate) fn request_started(&self) {
         self.0.requests_in_flight.fetch_add(1, Relaxed);
     }
 
-    /// A request left flight: answered (`drained` if after the signal) or not.
-    pub(crate) fn request_ended(&self, answered: bool, drained: bool) {
+    /// A request left flight: answered (`Some(after_signal)`) or aborted.
+    pub(crate) fn request_ended(&self, answered: Option<bool>) {
         self.0.requests_in_flight.fetch_sub(1, Relaxed);
-        let counter = match (answered, drained) {
-            (false, _) => &self.0.requests_aborted,
-            (true, true) => &self.0.requests_drained,
-            (true, false) => return,
+        match answered {
+            None => self.0.requests_aborted.fetch_add(1, Relaxed),
+            Some(true) => self.0.requests_drained.fetch_add(1, Relaxed),
+            Some(false) => return,
         };
-        counter.fetch_add(1, Relaxed);
-    }
-
-    pub(crate) fn requests_aborted(&self) -> u64 {
-        self.0.requests_aborted.load(Relaxed)
-    }
-
-    pub(crate) fn requests_drained(&self) -> u64 {
-        self.0.requests_drained.load(Relaxed)
     }
 
     pub(crate) fn accept_failed(&self) {
         self.0.accept_errors.fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn set_phase(&self, phase: Phase) {
-        self.0.phase.store(phase as u8, Relaxed);
+    /// The shutdown timeline's phase: this is where the timeline keeps it.
+    pub(crate) fn phase(&self) -> Phase {
+        Phase::from_u8(self.0.phase.load(Acquire))
+    }
+
+    /// Moves the phase forward to `phase`; it never moves back.
+    pub(crate) fn advance_phase(&self, phase: Phase) {
+        self.0.phase.fetch_max(phase as u8, AcqRel);
     }
 
     pub(crate) fn set_drain(&self, took: Duration) {

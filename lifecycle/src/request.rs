@@ -5,6 +5,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use hyper::body::{Body, Frame, SizeHint};
@@ -117,8 +118,7 @@ impl InFlightGuard {
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.metrics
-            .request_ended(self.completed.is_some(), self.completed == Some(true));
+        self.metrics.request_ended(self.completed);
     }
 }
 
@@ -207,7 +207,7 @@ where
                     .headers_mut()
                     .insert(CONNECTION, HeaderValue::from_static("close"));
                 if let Some(conn) = conn {
-                    conn.mark_close_sent();
+                    conn.close_sent.store(true, Ordering::Release);
                 }
             }
             Ok(response.map(|inner| TrackedBody { inner, _busy: busy }))

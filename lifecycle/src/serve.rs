@@ -129,6 +129,7 @@ where
     let drain = draining.elapsed();
     let abandoned = shutdown.abandoned_work().unwrap_or_default();
     metrics.set_drain(drain);
+    let counts = metrics.snapshot();
     owner.set_phase(Phase::Finalizing);
     info!(target: LOG_TARGET, ?outcome, ?drain, "drain finished");
 
@@ -138,11 +139,11 @@ where
         lame_duck: draining - signalled,
         drain,
         backlog_accepted,
-        requests_drained: metrics.requests_drained(),
-        requests_aborted: metrics.requests_aborted(),
+        requests_drained: counts.requests_drained,
+        requests_aborted: counts.requests_aborted,
         requests_abandoned: abandoned.requests,
-        closed_by_client: metrics.closed_by(ClosedBy::Client),
-        closed_by_server: metrics.closed_by(ClosedBy::Server),
+        closed_by_client: counts.connections_closed[ClosedBy::Client as usize].1,
+        closed_by_server: counts.connections_closed[ClosedBy::Server as usize].1,
         connections_abandoned: abandoned.connections,
     }
 }

@@ -13,7 +13,6 @@
 //! events on two different tokens: the first abandons requests and nothing
 //! else, the second abandons everything.
 
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -102,7 +101,6 @@ struct Timeline {
     /// The shortest lame-duck period this shutdown asks for, whatever the
     /// configured drain delay (an in-place upgrade asks for one).
     min_lame_duck: OnceLock<Duration>,
-    phase: AtomicU8,
     /// Tracks every connection task and every piece of request work spawned
     /// through a `RequestScope`; the drain waits on it.
     tracker: TaskTracker,
@@ -160,7 +158,7 @@ impl Shutdown {
 
     /// Moves the timeline forward to `phase`; it never moves back.
     pub fn set_phase(&self, phase: Phase) {
-        self.watch.set_phase(phase);
+        self.watch.metrics().advance_phase(phase);
     }
 
     pub(crate) fn start_draining(&self) {
@@ -180,33 +178,29 @@ impl Shutdown {
     /// Drops every remaining connection, and remembers how much work that
     /// was. Does not force the shutdown: workers and finalizers still run.
     pub(crate) fn abandon_requests(&self) {
-        abandon(&self.watch.timeline);
+        self.watch.timeline.abandon();
     }
 }
 
-fn abandon(timeline: &Timeline) {
-    let metrics = &timeline.metrics;
-    let _ = timeline.abandoned.set(Abandoned {
-        requests: metrics.requests_in_flight(),
-        connections: metrics.open_connections(),
-    });
-    timeline.abandon.cancel();
-}
+impl Timeline {
+    fn abandon(&self) {
+        let _ = self.abandoned.set(Abandoned {
+            requests: self.metrics.requests_in_flight(),
+            connections: self.metrics.open_connections(),
+        });
+        self.abandon.cancel();
+    }
 
-fn trigger(timeline: &Timeline, reason: String, lame_duck: Duration) -> bool {
-    let _ = timeline.min_lame_duck.set(lame_duck);
-    if timeline.reason.set(reason.clone()).is_err() {
-        return false;
+    fn trigger(&self, reason: String, lame_duck: Duration) -> bool {
+        let _ = self.min_lame_duck.set(lame_duck);
+        if self.reason.set(reason.clone()).is_err() {
+            return false;
+        }
+        tracing::info!(target: LOG_TARGET, %reason, "shutdown started: readiness is now false");
+        self.metrics.advance_phase(Phase::LameDuck);
+        self.triggered.cancel();
+        true
     }
-    tracing::info!(target: LOG_TARGET, %reason, "shutdown started: readiness is now false");
-    let previous = timeline
-        .phase
-        .fetch_max(Phase::LameDuck as u8, Ordering::AcqRel);
-    if previous < Phase::LameDuck as u8 {
-        timeline.metrics.set_phase(Phase::LameDuck);
-    }
-    timeline.triggered.cancel();
-    true
 }
 
 // === impl Trigger ===
@@ -221,7 +215,7 @@ impl Trigger {
     /// Starts the shutdown timeline. Only the first trigger counts; it
     /// returns `true` for that call.
     pub fn trigger(&self, reason: impl Into<String>) -> bool {
-        trigger(&self.timeline, reason.into(), Duration::ZERO)
+        self.timeline.trigger(reason.into(), Duration::ZERO)
     }
 
     /// Like [`Trigger::trigger`], with a lame-duck period of at least
@@ -229,7 +223,7 @@ impl Trigger {
     /// clients then get `Connection: close` (or GOAWAY) on their next request
     /// and move to a new connection before idle ones are closed.
     pub fn trigger_with_lame_duck(&self, reason: impl Into<String>, lame_duck: Duration) -> bool {
-        trigger(&self.timeline, reason.into(), lame_duck)
+        self.timeline.trigger(reason.into(), lame_duck)
     }
 }
 
@@ -248,12 +242,12 @@ impl Force {
     pub fn force(&self, reason: impl Into<String>) {
         let timeline = &*self.timeline;
         let reason = reason.into();
-        trigger(timeline, reason.clone(), Duration::ZERO);
+        timeline.trigger(reason.clone(), Duration::ZERO);
         if timeline.force_reason.set(reason.clone()).is_ok() {
             tracing::warn!(target: LOG_TARGET, %reason, "shutdown forced: abandoning all remaining work");
         }
         timeline.requests.cancel();
-        abandon(timeline);
+        timeline.abandon();
         timeline.forced.cancel();
     }
 }
@@ -318,7 +312,7 @@ impl Watch {
 
     /// The current phase.
     pub fn phase(&self) -> Phase {
-        Phase::from_u8(self.timeline.phase.load(Ordering::Acquire))
+        self.timeline.metrics.phase()
     }
 
     /// The tracker that the drain waits on. Work spawned on it delays the
@@ -339,13 +333,6 @@ impl Watch {
             .get()
             .copied()
             .unwrap_or_default()
-    }
-
-    fn set_phase(&self, phase: Phase) {
-        let previous = self.timeline.phase.fetch_max(phase as u8, Ordering::AcqRel);
-        if previous < phase as u8 {
-            self.timeline.metrics.set_phase(phase);
-        }
     }
 
     /// A new cancellation token for one request: it fires at the shutdown

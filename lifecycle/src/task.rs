@@ -6,24 +6,26 @@ use std::convert::Infallible;
 use std::fmt::Debug;
 use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::timeout;
 use tokio_util::task::TaskTracker;
 use tracing::debug;
 
 use crate::config::{ServeConfig, FIRST_REQUEST_GRACE, GOAWAY_GRACE};
 use crate::connection::{ConnState, ObservedStream};
-use crate::metrics::{ClosedBy, LifecycleMetrics};
+use crate::metrics::{ClosedBy, LifecycleMetrics, Protocol};
 use crate::request::Scoped;
 use crate::stage::{Event, Facts, Stage};
-use crate::Watch;
+use crate::{BoxError, Watch};
 
 /// A `tower::Service` the lifecycle can serve: HTTP requests in, HTTP
 /// responses out, errors answered inside (an axum `Router` is one).
@@ -37,8 +39,8 @@ pub trait HttpService:
     + Send
     + 'static
 {
-    /// The response body.
-    type Body: ResponseBody;
+    /// The response body, which hyper can send from any thread.
+    type Body: Body<Data: Send, Error: Into<BoxError>> + Send + Unpin + 'static;
 }
 
 impl<S, B> HttpService for S
@@ -48,29 +50,14 @@ where
         + Send
         + 'static,
     S::Future: Send + 'static,
-    B: ResponseBody,
+    B: Body<Data: Send, Error: Into<BoxError>> + Send + Unpin + 'static,
 {
     type Body = B;
 }
 
-/// A response body hyper can send from any thread.
-pub trait ResponseBody:
-    hyper::body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
-    + Send
-    + Unpin
-    + 'static
-{
-}
-
-impl<B> ResponseBody for B where
-    B: hyper::body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
-        + Send
-        + Unpin
-        + 'static
-{
-}
-
-/// Everything needed to serve one more connection.
+/// Everything needed to serve one more connection; each connection's task
+/// serves with a clone of it.
+#[derive(Clone)]
 pub(crate) struct Connections<S> {
     builder: auto::Builder<TrackedExecutor>,
     service: S,
@@ -125,68 +112,43 @@ impl<S: HttpService> Connections<S> {
         Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         A: Debug + Send + Sync + 'static,
     {
-        let conn = Arc::new(ConnState::new(
-            self.shutdown.metrics(),
-            self.shutdown.request_token(),
-        ));
-        let service = Scoped::for_connection(
-            self.service.clone(),
-            self.shutdown.clone(),
-            Arc::clone(&conn),
-        );
-        let task = ConnectionTask {
-            builder: self.builder.clone(),
-            shutdown: self.shutdown.clone(),
-            idle_timeout: self.idle_timeout,
-            header_read_timeout: self.header_read_timeout,
-        };
+        let conn = ConnState::new(self.metrics(), self.shutdown.request_token());
+        let conn = Arc::new(conn);
         let io = ObservedStream::new(io, Arc::clone(&conn));
+        let connections = self.clone();
         self.shutdown.tracker().spawn(async move {
             let _permit = permit;
-            let closed_by = task.run(io, service, conn, &peer).await;
-            task.shutdown.metrics().connection_closed(closed_by);
+            let metrics = connections.metrics().clone();
+            metrics.connection_closed(connections.run(io, conn, &peer).await);
         });
     }
-}
 
-struct ConnectionTask {
-    builder: auto::Builder<TrackedExecutor>,
-    shutdown: Watch,
-    idle_timeout: Duration,
-    header_read_timeout: Duration,
-}
-
-impl ConnectionTask {
     /// Serves the connection through its stages; returns who ended it.
-    async fn run<Io, S>(
-        &self,
+    async fn run<Io>(
+        self,
         io: ObservedStream<Io>,
-        service: Scoped<S>,
         conn: Arc<ConnState>,
         peer: &(dyn Debug + Sync),
     ) -> ClosedBy
     where
         Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-        S: HttpService,
     {
         let shutdown = &self.shutdown;
+        let service = Scoped::for_connection(self.service, shutdown.clone(), Arc::clone(&conn));
         let connection = self
             .builder
             .serve_connection_with_upgrades(TokioIo::new(io), service);
         let mut connection = pin!(connection);
-        let first_request_due = async {
-            tokio::select! {
-                () = conn.first_request.cancelled() => {}
-                () = tokio::time::sleep(FIRST_REQUEST_GRACE) => {}
-            }
-        };
-        let mut first_request_due = pin!(first_request_due);
+        // Armed when first polled: the grace counts from the drain.
+        let first_request = conn.first_request.cancelled();
+        let mut first_request_due =
+            pin!(async { timeout(FIRST_REQUEST_GRACE, first_request).await });
         let mut idle = pin!(conn.idle_for(self.idle_timeout));
         let mut head_overdue = pin!(conn.head_overdue(self.header_read_timeout));
         let mut lingered = pin!(conn.idle_for(GOAWAY_GRACE));
         let mut stage = Stage::Serving;
         loop {
-            let listens = |event| stage.listens(event, conn.is_http1());
+            let listens = |event| stage.listens(event, conn.protocol() == Protocol::Http1);
             let event = tokio::select! {
                 // The connection first: one that closes as soon as it is
                 // asked never arms the other branches' timers.
@@ -195,14 +157,14 @@ impl ConnectionTask {
                     if let Err(error) = result {
                         debug!(?peer, %error, "connection ended with an error");
                     }
-                    let asked = stage == Stage::Closing || conn.close_sent();
+                    let asked = stage == Stage::Closing || conn.close_sent.load(Ordering::Acquire);
                     return if asked { ClosedBy::Server } else { ClosedBy::Client };
                 }
                 () = shutdown.abandoned(), if stage.watches_abandon() => return ClosedBy::Abandoned,
                 () = shutdown.triggered(), if listens(Event::Triggered) => Event::Triggered,
                 () = conn.goaway.cancelled(), if listens(Event::GoAway) => Event::GoAway,
                 () = shutdown.draining(), if listens(Event::Draining) => Event::Draining,
-                () = &mut first_request_due, if listens(Event::FirstRequestDue) => Event::FirstRequestDue,
+                _ = &mut first_request_due, if listens(Event::FirstRequestDue) => Event::FirstRequestDue,
                 () = &mut idle, if listens(Event::Idle) => Event::Idle,
                 () = &mut head_overdue => {
                     debug!(?peer, "request head not received in time; closing");
@@ -214,8 +176,8 @@ impl ConnectionTask {
                 }
             };
             let facts = Facts {
-                http2: conn.is_http2(),
-                served: conn.has_served(),
+                http2: conn.protocol() == Protocol::Http2,
+                served: conn.first_request.is_cancelled(),
             };
             let next = stage.next(event, facts);
             if next == Stage::Closing && stage != Stage::Closing {

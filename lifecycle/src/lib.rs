@@ -9,7 +9,6 @@ pub mod metrics;
 mod request;
 mod serve;
 mod shutdown;
-pub mod signal;
 mod stage;
 mod task;
 mod timeline;
@@ -41,14 +40,11 @@ pub const LOG_TARGET: &str = "lameduck::shutdown";
 /// already print their source).
 pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !message.ends_with(&cause_text) {
-            message.push_str(": ");
-            message.push_str(&cause_text);
+    for cause in std::iter::successors(error.source(), |cause| cause.source()) {
+        let cause = cause.to_string();
+        if !message.ends_with(&cause) {
+            message = format!("{message}: {cause}");
         }
-        source = cause.source();
     }
     message
 }

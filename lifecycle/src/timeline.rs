@@ -9,11 +9,11 @@ use std::pin::Pin;
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::warn;
 
 use crate::admin::{serve_admin, ADMIN_CLOSE_GRACE};
 use crate::handoff::{self, Successor};
-use crate::signal::{forward, Signals};
 use crate::task::HttpService;
 use crate::{
     serve, DrainOutcome, DrainReport, Force, Listener, Phase, ServeConfig, Shutdown, StopReport,
@@ -73,14 +73,22 @@ impl Lifecycle {
 
     /// Installs the SIGTERM and SIGINT handlers now (do it before a slow
     /// startup: a signal is then queued, not fatal). The first signal
-    /// triggers the shutdown, the second forces it. Needs a runtime.
+    /// triggers the shutdown; the next one — a repeated SIGTERM (what
+    /// `docker stop` and the kubelet send) or a SIGINT — forces it. Needs a
+    /// runtime.
     ///
     /// # Errors
     /// If the OS refuses a handler.
     pub fn with_signals(self) -> io::Result<Lifecycle> {
-        let signals = Signals::install()?;
-        let force = self.shutdown.force_handle();
-        tokio::spawn(forward(signals, self.trigger_handle(), force));
+        let mut terminate = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let (trigger, force) = (self.trigger_handle(), self.force_handle());
+        tokio::spawn(async move {
+            let first = next_signal(&mut terminate, &mut interrupt).await;
+            trigger.trigger(first);
+            let second = next_signal(&mut terminate, &mut interrupt).await;
+            force.force(format!("second signal ({second})"));
+        });
         Ok(self)
     }
 
@@ -129,12 +137,21 @@ impl Lifecycle {
             service,
             config: ServeConfig::default(),
             admin: None,
+            closing: CancellationToken::new(),
         }
     }
 }
 
-type AdminTask =
-    Box<dyn FnOnce(CancellationToken) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+/// The next SIGTERM or SIGINT, by name. Cancel safe: a signal that arrives
+/// while nobody waits is kept.
+async fn next_signal(terminate: &mut Signal, interrupt: &mut Signal) -> &'static str {
+    tokio::select! {
+        Some(()) = terminate.recv() => "SIGTERM",
+        Some(()) = interrupt.recv() => "SIGINT",
+    }
+}
+
+type AdminTask = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// A lifecycle with its listener and service, ready to [`run`](Serve::run).
 #[must_use = "nothing is served until `run` is awaited"]
@@ -144,6 +161,8 @@ pub struct Serve<L, S> {
     service: S,
     config: ServeConfig,
     admin: Option<(AdminTask, io::Result<OwnedFd>)>,
+    /// Closes the admin listener, after the finalizers.
+    closing: CancellationToken,
 }
 
 impl<L: Listener, S: HttpService> Serve<L, S> {
@@ -158,9 +177,8 @@ impl<L: Listener, S: HttpService> Serve<L, S> {
     /// (with [`ADMIN_CLOSE_GRACE`]); passed on by the upgrade as fd 4.
     pub fn admin<A: Listener, T: HttpService>(mut self, listener: A, service: T) -> Self {
         let fd = listener.as_fd().try_clone_to_owned();
-        let task: AdminTask =
-            Box::new(move |closing| Box::pin(serve_admin(listener, service, closing)));
-        self.admin = Some((task, fd));
+        let task = serve_admin(listener, service, self.closing.clone());
+        self.admin = Some((Box::pin(task), fd));
         self
     }
 
@@ -169,22 +187,11 @@ impl<L: Listener, S: HttpService> Serve<L, S> {
     /// the lame duck, the drain and its deadline, the workers and the
     /// finalizers (force hooks if forced), and closes the admin socket.
     pub async fn run(self) -> Report {
-        let Serve {
-            lifecycle,
-            listener,
-            service,
-            config,
-            admin,
-        } = self;
-        let Lifecycle {
-            shutdown,
-            workers,
-            upgrade,
-        } = lifecycle;
+        let shutdown = self.lifecycle.shutdown;
         let watch = shutdown.watch().clone();
-        let (admin, admin_fd) = admin.unzip();
-        if let Some((hangups, successor)) = upgrade {
-            let mut fds = vec![listener.as_fd().try_clone_to_owned()];
+        let (admin, admin_fd) = self.admin.unzip();
+        if let Some((hangups, successor)) = self.lifecycle.upgrade {
+            let mut fds = vec![self.listener.as_fd().try_clone_to_owned()];
             fds.extend(admin_fd);
             match fds.into_iter().collect::<io::Result<Vec<OwnedFd>>>() {
                 Ok(fds) => {
@@ -204,22 +211,17 @@ impl<L: Listener, S: HttpService> Serve<L, S> {
             watch.triggered().await;
             handoff::notify_stopping();
         });
-        let closing = CancellationToken::new();
-        let mut admin = admin.map(|start| tokio::spawn(start(closing.clone())));
+        let admin = admin.map(|task| AbortOnDropHandle::new(tokio::spawn(task)));
         handoff::notify_ready();
 
-        let drain = serve(listener, service, &shutdown, config).await;
-        let stop = workers.stop().await;
+        let drain = serve(self.listener, self.service, &shutdown, self.config).await;
+        let stop = self.lifecycle.workers.stop().await;
         shutdown.set_phase(Phase::Stopped);
-        closing.cancel();
-        if let Some(admin) = &mut admin {
-            if stop.forced
-                || tokio::time::timeout(ADMIN_CLOSE_GRACE, &mut *admin)
-                    .await
-                    .is_err()
-            {
-                admin.abort();
-            }
+        self.closing.cancel();
+        // Dropping the handle aborts the admin server: at once if forced,
+        // or once its grace has run out.
+        if let Some(admin) = admin.filter(|_| !stop.forced) {
+            let _ = tokio::time::timeout(ADMIN_CLOSE_GRACE, admin).await;
         }
         Report { drain, stop }
     }

@@ -3,7 +3,8 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -70,28 +71,22 @@ impl ConnState {
 
     /// Records the protocol once a request or the preface reveals it.
     pub(crate) fn observe(&self, version: Version) {
-        let protocol = if version == Version::HTTP_2 {
-            Protocol::Http2
-        } else {
-            Protocol::Http1
+        let protocol = match version {
+            Version::HTTP_2 => Protocol::Http2,
+            _ => Protocol::Http1,
         };
-        if self
+        let pending = Protocol::Pending as u8;
+        let decided = self
             .protocol
-            .compare_exchange(
-                Protocol::Pending as u8,
-                protocol as u8,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
-        {
+            .compare_exchange(pending, protocol as u8, AcqRel, Acquire);
+        if decided.is_ok() {
             self.metrics
                 .connection_moved(Some(Protocol::Pending), Some(protocol));
         }
     }
 
     pub(crate) fn protocol(&self) -> Protocol {
-        Protocol::ALL[usize::from(self.protocol.load(Ordering::Acquire))]
+        Protocol::ALL[usize::from(self.protocol.load(Acquire))]
     }
 
     /// Milliseconds since `born`.
@@ -106,11 +101,11 @@ impl ConnState {
     /// Bytes arrived from the client. On an idle HTTP/1 (or undecided)
     /// connection they begin a request head, which starts its deadline.
     fn bytes_arrived(&self) {
-        if self.busy.load(Ordering::Acquire) == 0
-            && self.head_since.load(Ordering::Acquire) == 0
+        if self.busy.load(Acquire) == 0
+            && self.head_since.load(Acquire) == 0
             && self.protocol() != Protocol::Http2
         {
-            self.head_since.store(self.now_ms() + 1, Ordering::Release);
+            self.head_since.store(self.now_ms() + 1, Release);
         }
     }
 
@@ -118,13 +113,13 @@ impl ConnState {
         if !self.first_request.is_cancelled() {
             self.first_request.cancel();
         }
-        self.busy.fetch_add(1, Ordering::AcqRel);
-        self.head_since.store(0, Ordering::Release);
+        self.busy.fetch_add(1, AcqRel);
+        self.head_since.store(0, Release);
     }
 
     pub(crate) fn request_finished(&self) {
-        if self.busy.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.idle_since.store(self.now_ms(), Ordering::Release);
+        if self.busy.fetch_sub(1, AcqRel) == 1 {
+            self.idle_since.store(self.now_ms(), Release);
         }
     }
 
@@ -144,16 +139,16 @@ impl ConnState {
         let mut at = self.at_ms(start) + timeout;
         loop {
             tokio::time::sleep_until(at).await;
-            if self.busy.load(Ordering::Acquire) > 0 {
+            if self.busy.load(Acquire) > 0 {
                 at = Instant::now() + timeout;
                 continue;
             }
-            let since = self.idle_since.load(Ordering::Acquire).max(start);
+            let since = self.idle_since.load(Acquire).max(start);
             let deadline = self.at_ms(since) + timeout;
             // Reloaded: a request that came and went meanwhile moved it.
             if deadline <= Instant::now()
-                && self.busy.load(Ordering::Acquire) == 0
-                && self.idle_since.load(Ordering::Acquire).max(start) == since
+                && self.busy.load(Acquire) == 0
+                && self.idle_since.load(Acquire).max(start) == since
             {
                 return;
             }
@@ -171,13 +166,13 @@ impl ConnState {
             if self.protocol() == Protocol::Http2 {
                 return std::future::pending().await;
             }
-            let since = self.head_since.load(Ordering::Acquire);
+            let since = self.head_since.load(Acquire);
             if since == 0 {
                 at = Instant::now() + timeout;
                 continue;
             }
             let deadline = self.at_ms(since - 1) + timeout;
-            if deadline <= Instant::now() && self.head_since.load(Ordering::Acquire) == since {
+            if deadline <= Instant::now() && self.head_since.load(Acquire) == since {
                 return;
             }
             at = deadline.max(Instant::now() + Duration::from_millis(1));

@@ -156,7 +156,7 @@ impl LifecycleMetrics {
 
     /// The shutdown timeline's phase: this is where the timeline keeps it.
     pub(crate) fn phase(&self) -> Phase {
-        Phase::from_u8(self.0.phase.load(Acquire))
+        Phase::ALL[usize::from(self.0.phase.load(Acquire))]
     }
 
     /// Moves the phase forward to `phase`; it never moves back.

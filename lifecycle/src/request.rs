@@ -93,32 +93,23 @@ impl RequestScope {
     }
 }
 
-/// Counts a request in flight until its response head; dropping it before
-/// [`InFlightGuard::complete`] counts the request as aborted.
+/// A request in flight until its response head. Dropped before that (hyper
+/// dropped the request future: the client went away), it fires the
+/// request's token and counts the request as aborted.
 #[must_use = "dropping the guard ends the request's in-flight count"]
-struct InFlightGuard {
+struct InFlight {
     metrics: LifecycleMetrics,
+    token: CancellationToken,
     /// `Some(after_signal)` once the response head is out.
-    completed: Option<bool>,
+    answered: Option<bool>,
 }
 
-impl InFlightGuard {
-    fn start(metrics: &LifecycleMetrics) -> InFlightGuard {
-        metrics.request_started();
-        InFlightGuard {
-            metrics: metrics.clone(),
-            completed: None,
-        }
-    }
-
-    fn complete(mut self, after_signal: bool) {
-        self.completed = Some(after_signal);
-    }
-}
-
-impl Drop for InFlightGuard {
+impl Drop for InFlight {
     fn drop(&mut self) {
-        self.metrics.request_ended(self.completed);
+        if self.answered.is_none() {
+            self.token.cancel();
+        }
+        self.metrics.request_ended(self.answered);
     }
 }
 
@@ -193,15 +184,18 @@ where
                 tracker: shutdown.tracker().clone(),
                 shutdown: Some(shutdown.clone()),
             });
-            let in_flight = InFlightGuard::start(shutdown.metrics());
-            // Fires the request's token if hyper drops this future first.
-            let cancel_on_drop = token.drop_guard();
+            shutdown.metrics().request_started();
+            let mut in_flight = InFlight {
+                metrics: shutdown.metrics().clone(),
+                token,
+                answered: None,
+            };
 
             let mut response = inner.oneshot(request).await?;
 
-            cancel_on_drop.disarm();
             let shutting_down = shutdown.is_triggered();
-            in_flight.complete(shutting_down);
+            in_flight.answered = Some(shutting_down);
+            drop(in_flight);
             if shutting_down && !http2 {
                 response
                     .headers_mut()

@@ -49,20 +49,7 @@ impl Phase {
 
     /// The phase's name as it appears in logs and metrics.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Running => "running",
-            Phase::LameDuck => "lame_duck",
-            Phase::Draining => "draining",
-            Phase::Finalizing => "finalizing",
-            Phase::Stopped => "stopped",
-        }
-    }
-
-    pub(crate) fn from_u8(value: u8) -> Phase {
-        Phase::ALL
-            .get(usize::from(value))
-            .copied()
-            .unwrap_or(Phase::Stopped)
+        ["running", "lame_duck", "draining", "finalizing", "stopped"][self as usize]
     }
 }
 
@@ -96,11 +83,10 @@ struct Timeline {
     /// What was still running when the process gave up on it; taken just
     /// before `abandon` is cancelled, since the count drops right after.
     abandoned: OnceLock<Abandoned>,
-    /// Why shutdown started; set once, by the first trigger.
-    reason: OnceLock<String>,
-    /// The shortest lame-duck period this shutdown asks for, whatever the
-    /// configured drain delay (an in-place upgrade asks for one).
-    min_lame_duck: OnceLock<Duration>,
+    /// Why shutdown started, and the shortest lame-duck period it asks for
+    /// whatever the configured drain delay (an in-place upgrade asks for
+    /// one); set once, by the first trigger.
+    reason: OnceLock<(String, Duration)>,
     /// Tracks every connection task and every piece of request work spawned
     /// through a `RequestScope`; the drain waits on it.
     tracker: TaskTracker,
@@ -192,8 +178,7 @@ impl Timeline {
     }
 
     fn trigger(&self, reason: String, lame_duck: Duration) -> bool {
-        let _ = self.min_lame_duck.set(lame_duck);
-        if self.reason.set(reason.clone()).is_err() {
+        if self.reason.set((reason.clone(), lame_duck)).is_err() {
             return false;
         }
         tracing::info!(target: LOG_TARGET, %reason, "shutdown started: readiness is now false");
@@ -302,7 +287,10 @@ impl Watch {
 
     /// Why shutdown started, if it has.
     pub fn reason(&self) -> Option<&str> {
-        self.timeline.reason.get().map(String::as_str)
+        self.timeline
+            .reason
+            .get()
+            .map(|(reason, _)| reason.as_str())
     }
 
     /// Why shutdown was forced, if it was.
@@ -329,10 +317,9 @@ impl Watch {
     /// The shortest lame-duck period the trigger asked for.
     pub(crate) fn min_lame_duck(&self) -> Duration {
         self.timeline
-            .min_lame_duck
+            .reason
             .get()
-            .copied()
-            .unwrap_or_default()
+            .map_or(Duration::ZERO, |(_, d)| *d)
     }
 
     /// A new cancellation token for one request: it fires at the shutdown

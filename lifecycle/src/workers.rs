@@ -24,6 +24,16 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 type BoxFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
 
+/// A critical worker: its name, its budget to stop, its supervising task.
+type CriticalWorker = (&'static str, Duration, JoinHandle<Outcome>);
+
+/// A finalizer: its name, its budget, and what starts it.
+type Finalizer = (
+    &'static str,
+    Duration,
+    Box<dyn FnOnce() -> BoxFuture + Send>,
+);
+
 /// How a worker or finalizer ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -126,18 +136,6 @@ impl StopReport {
     }
 }
 
-struct CriticalWorker {
-    name: &'static str,
-    budget: Duration,
-    handle: JoinHandle<Outcome>,
-}
-
-struct Finalizer {
-    name: &'static str,
-    budget: Duration,
-    run: Box<dyn FnOnce() -> BoxFuture + Send>,
-}
-
 /// The registry of background workers and finalizers.
 ///
 /// - A *critical* worker is waited for at shutdown (up to its budget); if it
@@ -163,8 +161,8 @@ pub struct Workers {
 
 impl std::fmt::Debug for Workers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let critical: Vec<_> = self.critical.iter().map(|w| w.name).collect();
-        let finalizers: Vec<_> = self.finalizers.iter().map(|f| f.name).collect();
+        let critical: Vec<_> = self.critical.iter().map(|(name, ..)| name).collect();
+        let finalizers: Vec<_> = self.finalizers.iter().map(|(name, ..)| name).collect();
         f.debug_struct("Workers")
             .field("critical", &critical)
             .field("finalizers", &finalizers)
@@ -204,11 +202,7 @@ impl Workers {
             }
             outcome
         });
-        self.critical.push(CriticalWorker {
-            name,
-            budget,
-            handle,
-        });
+        self.critical.push((name, budget, handle));
     }
 
     /// Spawns a background worker: cancelled when the drain starts, never
@@ -248,11 +242,8 @@ impl Workers {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
     {
-        self.finalizers.push(Finalizer {
-            name,
-            budget,
-            run: Box::new(move || Box::pin(finalize())),
-        });
+        let run: Box<dyn FnOnce() -> BoxFuture + Send> = Box::new(move || Box::pin(finalize()));
+        self.finalizers.push((name, budget, run));
     }
 
     /// Registers a force hook: run only if the shutdown is forced, after
@@ -270,13 +261,9 @@ impl Workers {
     /// The longest [`Workers::stop`] can take: the slowest critical worker's
     /// budget plus every finalizer's.
     pub fn budget(&self) -> Duration {
-        let workers = self
-            .critical
-            .iter()
-            .map(|w| w.budget)
-            .max()
-            .unwrap_or_default();
-        workers + self.finalizers.iter().map(|f| f.budget).sum::<Duration>()
+        let slowest = self.critical.iter().map(|(_, budget, _)| *budget).max();
+        let finalizers = self.finalizers.iter().map(|(_, budget, _)| *budget);
+        slowest.unwrap_or_default() + finalizers.sum::<Duration>()
     }
 
     /// Stops everything, in order: background workers are already cancelled;
@@ -291,13 +278,12 @@ impl Workers {
         self.critical_token.cancel();
 
         let started = Instant::now();
-        for worker in self.critical {
-            let mut handle = worker.handle;
+        for (name, budget, mut handle) in self.critical {
             let outcome = tokio::select! {
-                joined = tokio::time::timeout_at(started + worker.budget, &mut handle) => match joined {
+                joined = tokio::time::timeout_at(started + budget, &mut handle) => match joined {
                     Ok(joined) => joined.unwrap_or_else(|join_error| Outcome::Panicked(join_error.to_string())),
                     Err(_elapsed) => {
-                        warn!(target: LOG_TARGET, worker = worker.name, budget = ?worker.budget, "worker did not stop within its budget; abandoned");
+                        warn!(target: LOG_TARGET, worker = name, ?budget, "worker did not stop within its budget; abandoned");
                         Outcome::Abandoned
                     }
                 },
@@ -305,10 +291,10 @@ impl Workers {
             };
             // Nothing to abort if it finished.
             handle.abort();
-            report.record(worker.name, "worker", outcome, started.elapsed());
+            report.record(name, "worker", outcome, started.elapsed());
         }
 
-        for Finalizer { name, budget, run } in self.finalizers.into_iter().rev() {
+        for (name, budget, run) in self.finalizers.into_iter().rev() {
             let started = Instant::now();
             let outcome = if watch.is_forced() {
                 Outcome::Skipped

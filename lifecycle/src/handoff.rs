@@ -106,9 +106,8 @@ impl Successor {
 /// a normal shutdown still refuses new connections once its own listeners
 /// close.
 pub(crate) async fn upgrade_on_hangup(
-    mut hangups: tokio::signal::unix::Signal,
+    (mut hangups, successor): (tokio::signal::unix::Signal, Successor),
     sockets: Vec<OwnedFd>,
-    successor: Successor,
     watch: Watch,
     trigger: Trigger,
 ) {

@@ -2,10 +2,8 @@
 //! An application exports them by reading a [`Snapshot`] at scrape time
 //! (the example service turns it into Prometheus series).
 
-use std::sync::atomic::{
-    AtomicI64, AtomicU64, AtomicU8,
-    Ordering::{AcqRel, Acquire, Relaxed},
-};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,11 +114,8 @@ impl LifecycleMetrics {
 
     /// Connections open now, of every protocol.
     pub fn open_connections(&self) -> i64 {
-        self.0
-            .connections_open
-            .iter()
-            .map(|n| n.load(Relaxed))
-            .sum()
+        let open = &self.0.connections_open;
+        open.iter().map(|n| n.load(Relaxed)).sum()
     }
 
     pub(crate) fn connection_moved(&self, from: Option<Protocol>, to: Option<Protocol>) {

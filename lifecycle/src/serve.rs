@@ -101,17 +101,16 @@ where
     let ((), signalled) = tokio::join!(accepting, lame_duck);
 
     // Phase 3: take what is already in the backlog, then close the listener.
-    let backlog_accepted = if shutdown.is_forced() {
-        0
+    let queued = if shutdown.is_forced() {
+        Vec::new()
     } else {
-        let queued = listener.accept_queued(MAX_BACKLOG_DRAIN);
-        let taken = queued.len();
-        for (io, peer) in queued {
-            // Already waiting: served even past the connection limit.
-            connections.spawn(io, peer, connections.try_permit());
-        }
-        taken
+        listener.accept_queued(MAX_BACKLOG_DRAIN)
     };
+    let backlog_accepted = queued.len();
+    for (io, peer) in queued {
+        // Already waiting: served even past the connection limit.
+        connections.spawn(io, peer, connections.try_permit());
+    }
     drop(listener);
     let draining = Instant::now();
     let metrics = shutdown.metrics();

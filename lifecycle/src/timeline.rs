@@ -190,19 +190,18 @@ impl<L: Listener, S: HttpService> Serve<L, S> {
         let shutdown = self.lifecycle.shutdown;
         let watch = shutdown.watch().clone();
         let (admin, admin_fd) = self.admin.unzip();
-        if let Some((hangups, successor)) = self.lifecycle.upgrade {
+        if let Some(upgrade) = self.lifecycle.upgrade {
             let mut fds = vec![self.listener.as_fd().try_clone_to_owned()];
             fds.extend(admin_fd);
-            match fds.into_iter().collect::<io::Result<Vec<OwnedFd>>>() {
+            match fds.into_iter().collect() {
                 Ok(fds) => {
-                    let upgrading = handoff::upgrade_on_hangup(
-                        hangups,
+                    let trigger = shutdown.trigger_handle();
+                    tokio::spawn(handoff::upgrade_on_hangup(
+                        upgrade,
                         fds,
-                        successor,
                         watch.clone(),
-                        shutdown.trigger_handle(),
-                    );
-                    tokio::spawn(upgrading);
+                        trigger,
+                    ));
                 }
                 Err(error) => warn!(%error, "in-place upgrade unavailable"),
             }

@@ -12,6 +12,11 @@ use anyhow::{anyhow, bail, Context};
 pub struct Binaries {
     /// `lameduck`, the service itself.
     pub lameduck: PathBuf,
+    /// `minimal-axum`: the minimal axum app (README-style, no
+    /// middleware), the baseline of the headline ratios.
+    pub minimal_axum: PathBuf,
+    /// `axum-stack`: the minimal app with the usual tower-http stack.
+    pub axum_stack: PathBuf,
     /// `plain-axum`: the same app served by `axum::serve`.
     pub plain_axum: PathBuf,
     /// `bare-hyper`: a hyper server answering `GET /healthz`.
@@ -31,12 +36,14 @@ pub const PROFILE: &str = if cfg!(debug_assertions) {
     "release"
 };
 
-const NAMES: [&str; 5] = [
+const NAMES: [&str; 7] = [
     "lameduck",
     "plain-axum",
     "bare-hyper",
     "redirect-uncounted",
     "close-floor",
+    "minimal-axum",
+    "axum-stack",
 ];
 
 /// The workspace this crate was built from.
@@ -110,6 +117,8 @@ impl Binaries {
             bare_hyper: get(NAMES[2])?,
             redirect_uncounted: get(NAMES[3])?,
             close_floor: get(NAMES[4])?,
+            minimal_axum: get(NAMES[5])?,
+            axum_stack: get(NAMES[6])?,
         })
     }
 }

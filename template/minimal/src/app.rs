@@ -1,0 +1,175 @@
+//! The service itself, wired to the lifecycle: one JSON route, one
+//! background worker, one finalizer. This is the part you replace.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::post;
+use axum::{Json, Router};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+
+use lameduck_lifecycle::handoff::Listeners;
+use lameduck_lifecycle::{Lifecycle, Report, LOG_TARGET};
+use lameduck_lifecycle::{ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE};
+
+use crate::config::ServerConfig;
+use crate::http;
+use crate::metrics::LifecycleCollector;
+
+/// How often the background worker logs that the service is alive.
+const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How long the finalizer may take.
+const FAREWELL_BUDGET: Duration = Duration::from_secs(1);
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StartupError {
+    /// A listen address could not be bound.
+    #[error("cannot listen on {addr}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A built service: listeners bound, workers running, routers ready.
+#[derive(Debug)]
+pub(crate) struct App {
+    listener: TcpListener,
+    router: Router,
+    admin_listener: TcpListener,
+    admin_router: Router,
+    lifecycle: Lifecycle,
+    config: ServerConfig,
+}
+
+impl App {
+    /// Binds the listeners (or serves the `inherited` ones, passed down by
+    /// systemd or a predecessor), starts the worker, registers the
+    /// finalizer and builds the routers.
+    ///
+    /// # Errors
+    /// A [`StartupError`] naming what failed.
+    pub(crate) async fn build(
+        config: ServerConfig,
+        mut lifecycle: Lifecycle,
+        inherited: Listeners,
+    ) -> Result<App, StartupError> {
+        let mut registry = Registry::with_prefix("lameduck");
+        LifecycleCollector::register(lifecycle.watch().metrics(), &mut registry);
+        let greetings = Counter::<u64>::default();
+        registry.register("greetings", "Greetings sent", greetings.clone());
+
+        let listener = listen(config.listen, inherited.public).await?;
+        let admin_listener = listen(config.admin_listen, inherited.admin).await?;
+
+        let workers = lifecycle.workers();
+        // Cancelled when the drain starts.
+        workers.spawn_background("heartbeat", {
+            let greetings = greetings.clone();
+            move |token| async move {
+                let mut ticks = tokio::time::interval(HEARTBEAT_INTERVAL);
+                ticks.tick().await;
+                while token.run_until_cancelled(ticks.tick()).await.is_some() {
+                    tracing::info!(greetings = greetings.get(), "still serving");
+                }
+                Ok(())
+            }
+        });
+        // Runs after the last request, within its budget (flush what you
+        // keep in memory here).
+        workers.on_shutdown("farewell", FAREWELL_BUDGET, {
+            let greetings = greetings.clone();
+            move || async move {
+                tracing::info!(target: LOG_TARGET, greetings = greetings.get(), "goodbye");
+                Ok(())
+            }
+        });
+
+        let api = Router::new()
+            .route("/api/greetings", post(greet))
+            .with_state(greetings);
+        let router = http::public(api, lifecycle.watch().clone());
+        let admin_router = http::admin(lifecycle.watch().clone(), Arc::new(registry));
+        Ok(App {
+            listener,
+            router,
+            admin_listener,
+            admin_router,
+            lifecycle,
+            config,
+        })
+    }
+
+    /// The longest a shutdown can take from the first signal to exit: lame
+    /// duck + drain timeout + the deadline's cleanup grace + workers and
+    /// finalizers + closing the admin listener. A supervisor's grace period
+    /// (`terminationGracePeriodSeconds`, `TimeoutStopSec`) must be longer.
+    pub(crate) fn shutdown_budget(&mut self) -> Duration {
+        self.config.drain_delay
+            + self.config.shutdown_timeout
+            + DEADLINE_CLEANUP_GRACE
+            + self.lifecycle.workers().budget()
+            + ADMIN_CLOSE_GRACE
+    }
+
+    /// Serves until shutdown, drains, stops the worker and runs the
+    /// finalizer.
+    pub(crate) async fn run(self) -> Report {
+        self.lifecycle
+            .serve(self.listener, self.router)
+            .config(self.config.serve())
+            .admin(self.admin_listener, self.admin_router)
+            .run()
+            .await
+    }
+}
+
+/// Binds `addr`, or serves `inherited` (a socket passed down) instead.
+async fn listen(
+    addr: SocketAddr,
+    inherited: Option<std::net::TcpListener>,
+) -> Result<TcpListener, StartupError> {
+    let bind_error = |source| StartupError::Bind { addr, source };
+    match inherited {
+        Some(listener) => {
+            tracing::info!(%addr, "serving an inherited listening socket instead of binding");
+            listener.set_nonblocking(true).map_err(bind_error)?;
+            TcpListener::from_std(listener).map_err(bind_error)
+        }
+        None => TcpListener::bind(addr).await.map_err(bind_error),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct GreetingRequest {
+    name: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Greeting {
+    greeting: String,
+    number: u64,
+}
+
+/// `POST /api/greetings` `{"name": "Ada"}` → `{"greeting": "hello, Ada",
+/// "number": 1}`.
+async fn greet(
+    State(greetings): State<Counter>,
+    Json(request): Json<GreetingRequest>,
+) -> Json<Greeting> {
+    let number = greetings.inc() + 1;
+    Json(Greeting {
+        greeting: format!("hello, {}", request.name),
+        number,
+    })
+}

@@ -1,0 +1,179 @@
+//! `lameduck`: an HTTP service that stops, restarts and rolls out under load
+//! without dropping a request. `main` parses the command line, starts
+//! logging, builds the app, runs it until a signal, and turns the outcome
+//! into an exit code.
+//!
+//! - [`app`]: the service (one route, one worker, one finalizer): replace it.
+//! - [`config`]: command line and environment. [`exit`]: exit codes.
+//! - [`http`]: health, readiness, metrics. [`healthcheck`]: the container
+//!   health probe. [`telemetry`]: logging. [`metrics`]: the lifecycle's
+//!   counters for Prometheus.
+//!
+//! The lifecycle itself (signals, lame duck, drain, deadline, workers and
+//! finalizers, socket activation, in-place upgrade) is the crate in
+//! `lifecycle/`.
+
+mod app;
+mod config;
+mod exit;
+mod healthcheck;
+mod http;
+mod metrics;
+mod telemetry;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::Parser;
+
+use lameduck_lifecycle::handoff::{self, Successor};
+use lameduck_lifecycle::{error_chain, Lifecycle, Report, LOG_TARGET};
+
+use crate::app::App;
+use crate::config::{Cli, Command, ServerConfig};
+use crate::exit::Exit;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(&error),
+    };
+    match cli.command {
+        Command::Server(config) => {
+            telemetry::init(config.log_format);
+            // Before any thread starts: this clears LISTEN_FDS from the
+            // environment.
+            let inherited = match handoff::inherited_listeners() {
+                Ok(inherited) => inherited,
+                Err(error) => {
+                    tracing::error!(%error, "an inherited socket is not a TCP listener");
+                    return Exit::Startup.into();
+                }
+            };
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    eprintln!("lameduck: cannot start the async runtime: {error}");
+                    return Exit::Startup.into();
+                }
+            };
+            let exit = runtime.block_on(server(config, inherited));
+            // Anything still running was abandoned on purpose; do not wait.
+            runtime.shutdown_background();
+            exit.into()
+        }
+        Command::Healthcheck(config) => match healthcheck::probe(&config) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("lameduck healthcheck: {}", error_chain(&error));
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+async fn server(config: ServerConfig, inherited: handoff::Listeners) -> Exit {
+    // Handlers first: from here on a signal is queued, not fatal.
+    let lifecycle = match Lifecycle::new().with_signals() {
+        Ok(lifecycle) => lifecycle,
+        Err(error) => {
+            tracing::error!(%error, "cannot install signal handlers");
+            return Exit::Startup;
+        }
+    };
+    let lifecycle = match Successor::current().and_then(|s| lifecycle.with_upgrade(s)) {
+        Ok(lifecycle) => lifecycle,
+        Err(error) => {
+            tracing::error!(%error, "in-place upgrade unavailable (SIGHUP handler or own binary)");
+            return Exit::Startup;
+        }
+    };
+    let pid_file = config.pid_file.clone();
+    let mut app = match App::build(config, lifecycle, inherited).await {
+        Ok(app) => app,
+        Err(error) => {
+            tracing::error!("startup failed: {}", error_chain(&error));
+            return Exit::Startup;
+        }
+    };
+    if let Some(path) = &pid_file {
+        if let Err(error) = write_pid_file(path) {
+            tracing::error!(%error, path = %path.display(), "cannot write the pid file");
+            return Exit::Startup;
+        }
+    }
+    tracing::info!(
+        shutdown_budget = ?app.shutdown_budget(),
+        "started; a supervisor must wait longer than the shutdown budget before SIGKILL"
+    );
+
+    let report = app.run().await;
+    if let Some(path) = &pid_file {
+        remove_own_pid_file(path);
+    }
+    let exit = Exit::from_report(&report);
+    summarize(&report, exit);
+    exit
+}
+
+/// Writes this process's pid, atomically.
+fn write_pid_file(path: &Path) -> std::io::Result<()> {
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, format!("{}\n", std::process::id()))?;
+    std::fs::rename(&temporary, path)
+}
+
+/// Removes the pid file, unless a successor has written its own pid there.
+fn remove_own_pid_file(path: &Path) {
+    let ours =
+        std::fs::read_to_string(path).is_ok_and(|pid| pid.trim() == std::process::id().to_string());
+    if ours {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// The one summary line of the whole shutdown.
+fn summarize(report: &Report, exit: Exit) {
+    let drain = &report.drain;
+    tracing::info!(
+        target: LOG_TARGET,
+        reason = drain.reason.as_deref().unwrap_or("none"),
+        lame_duck_ms = drain.lame_duck.as_millis(),
+        drain_ms = drain.drain.as_millis(),
+        backlog_accepted = drain.backlog_accepted,
+        requests_drained = drain.requests_drained,
+        requests_aborted = drain.requests_aborted,
+        requests_abandoned = drain.requests_abandoned,
+        connections_closed_by_client = drain.closed_by_client,
+        connections_closed_by_server = drain.closed_by_server,
+        connections_abandoned = drain.connections_abandoned,
+        stopped = %report.stop.summary(),
+        exit_code = exit.code(),
+        "shutdown complete"
+    );
+}
+
+/// Help and version go to stdout with exit 0; anything else is a one-line
+/// message naming the option, and exit code 2.
+fn usage_error(error: &clap::Error) -> ExitCode {
+    match error.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = error.print();
+            ExitCode::SUCCESS
+        }
+        _ => {
+            let rendered = error.render().to_string();
+            let line = rendered
+                .lines()
+                .find(|line| !line.trim().is_empty())
+                .unwrap_or("invalid command line");
+            let line = line.strip_prefix("error: ").unwrap_or(line);
+            eprintln!("lameduck: {line} (see --help)");
+            Exit::Usage.into()
+        }
+    }
+}

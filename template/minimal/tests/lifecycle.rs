@@ -1,0 +1,344 @@
+//! The lifecycle's guarantees, shown by the real binary as a child process:
+//! readiness, a drain that answers the request in flight and exits 0, a
+//! second signal that forces the exit, the health probe, usage errors, and
+//! the in-place upgrade. Every wait is bounded.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_lameduck");
+
+/// The longest any single wait here may take.
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A running `lameduck server` on loopback, killed if the test fails.
+struct Server {
+    child: Child,
+    logs: Arc<Mutex<Vec<String>>>,
+    addr: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Server {
+    /// Starts `lameduck server` on free ports with `args`, and waits until
+    /// it logs both addresses.
+    fn start(args: &[&str]) -> Server {
+        let mut command = Command::new(BINARY);
+        command
+            .args([
+                "server",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // The test's own configuration must not leak into the child.
+        for (key, _) in std::env::vars() {
+            if key.starts_with("LAMEDUCK_") {
+                command.env_remove(key);
+            }
+        }
+        let mut child = command.spawn().expect("start the server");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        capture(child.stdout.take().expect("piped"), Arc::clone(&logs));
+        capture(child.stderr.take().expect("piped"), Arc::clone(&logs));
+        let mut server = Server {
+            child,
+            logs,
+            addr: ([0, 0, 0, 0], 0).into(),
+            admin: ([0, 0, 0, 0], 0).into(),
+        };
+        server.addr = server.address("listening on http://");
+        server.admin = server.address("admin endpoints on http://");
+        server
+    }
+
+    /// The address logged after `prefix`.
+    fn address(&mut self, prefix: &str) -> SocketAddr {
+        let line = self.wait_for_log(prefix);
+        let rest = &line[line.find(prefix).expect("found") + prefix.len()..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ':'))
+            .unwrap_or(rest.len());
+        rest[..end].parse().expect("an address")
+    }
+
+    /// Waits until a log line contains `needle`, and returns it.
+    fn wait_for_log(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let found = self.log_lines().into_iter().find(|l| l.contains(needle));
+            if let Some(line) = found {
+                return line;
+            }
+            let running = matches!(self.child.try_wait(), Ok(None));
+            assert!(
+                running && Instant::now() < deadline,
+                "no `{needle}` in the logs:\n{}",
+                self.log_lines().join("\n")
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn log_lines(&self) -> Vec<String> {
+        self.logs.lock().expect("logs").clone()
+    }
+
+    fn signal(&self, signal: Signal) {
+        let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
+        kill(pid, signal).expect("send the signal");
+    }
+
+    /// Waits for the exit and returns its code.
+    fn exit_code(&mut self) -> i32 {
+        let status = wait(&mut self.child, TIMEOUT);
+        let status = status
+            .unwrap_or_else(|| panic!("still running; logs:\n{}", self.log_lines().join("\n")));
+        status.code().expect("exited, not killed by a signal")
+    }
+
+    /// Waits until the server counts `n` requests in flight.
+    fn wait_in_flight(&self, n: u32) {
+        let deadline = Instant::now() + TIMEOUT;
+        let wanted = format!("lameduck_requests_in_flight {n}");
+        while Instant::now() < deadline {
+            let metrics = request(self.admin, "GET", "/metrics", "").expect("GET /metrics");
+            if metrics.1.lines().any(|line| line == wanted) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        panic!("never saw `{wanted}`");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn capture(pipe: impl Read + Send + 'static, logs: Arc<Mutex<Vec<String>>>) {
+    thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            logs.lock().expect("logs").push(line);
+        }
+    });
+}
+
+fn wait(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            return Some(status);
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect_timeout(&addr, TIMEOUT).expect("connect");
+    stream.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+    stream.set_write_timeout(Some(TIMEOUT)).expect("timeout");
+    stream
+}
+
+/// Sends one request on a new connection and reads the whole response
+/// (status, body); the request asks the server to close the connection.
+fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, TIMEOUT)?;
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: lameduck\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    read_response(&mut stream)
+}
+
+/// Reads a response up to the end of the connection.
+fn read_response(stream: &mut TcpStream) -> std::io::Result<(u16, String)> {
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, body)| body)
+        .to_owned();
+    Ok((status, body))
+}
+
+const GREETING: &str = r#"{"name":"Ada"}"#;
+
+/// Sends `POST /api/greetings` with only the first bytes of its body: the
+/// request stays in flight until [`finish_greeting`].
+fn start_greeting(addr: SocketAddr) -> TcpStream {
+    let mut stream = connect(addr);
+    write!(
+        stream,
+        "POST /api/greetings HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{}",
+        GREETING.len(),
+        &GREETING[..5]
+    )
+    .expect("send the head");
+    stream
+}
+
+fn finish_greeting(stream: &mut TcpStream) {
+    stream
+        .write_all(&GREETING.as_bytes()[5..])
+        .expect("send the rest");
+}
+
+#[test]
+fn greets_in_json_and_is_ready() {
+    let mut server = Server::start(&[]);
+    let (status, body) = request(server.admin, "GET", "/readyz", "").expect("GET /readyz");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = request(server.addr, "POST", "/api/greetings", GREETING).expect("POST");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""greeting":"hello, Ada""#), "{body}");
+    server.signal(Signal::SIGTERM);
+    assert_eq!(server.exit_code(), 0);
+}
+
+#[test]
+fn sigterm_answers_the_request_in_flight_then_exits_0() {
+    let mut server = Server::start(&["--drain-delay", "200ms"]);
+    let mut in_flight = start_greeting(server.addr);
+    server.wait_in_flight(1);
+
+    server.signal(Signal::SIGTERM);
+    server.wait_for_log("shutdown started");
+    let (status, _) = request(server.admin, "GET", "/readyz", "").expect("GET /readyz");
+    assert_eq!(status, 503, "readiness turns false at the signal");
+
+    finish_greeting(&mut in_flight);
+    let (status, body) = read_response(&mut in_flight).expect("the answer");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("hello, Ada"), "{body}");
+    assert_eq!(server.exit_code(), 0, "{}", server.log_lines().join("\n"));
+    assert!(server
+        .log_lines()
+        .iter()
+        .any(|line| line.contains("shutdown complete") && line.contains("exit_code=0")));
+}
+
+#[test]
+fn a_second_sigterm_forces_the_exit() {
+    let mut server = Server::start(&[]);
+    let _in_flight = start_greeting(server.addr);
+    server.wait_in_flight(1);
+
+    server.signal(Signal::SIGTERM);
+    server.wait_for_log("shutdown started");
+    server.signal(Signal::SIGTERM);
+    assert_eq!(server.exit_code(), 4);
+}
+
+#[test]
+fn healthcheck_probes_the_admin_listener() {
+    let mut server = Server::start(&[]);
+    let probe = |admin: SocketAddr| {
+        Command::new(BINARY)
+            .args(["healthcheck", "--admin-listen", &admin.to_string()])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run the healthcheck")
+    };
+    assert!(probe(server.admin).status.success());
+    server.signal(Signal::SIGTERM);
+    assert_eq!(server.exit_code(), 0);
+    let after = probe(server.admin);
+    assert_eq!(after.status.code(), Some(1), "{after:?}");
+}
+
+#[test]
+fn an_invalid_option_exits_2_naming_it() {
+    let output = Command::new(BINARY)
+        .args(["server", "--drain-delay", "soon"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the server");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--drain-delay"), "{stderr}");
+}
+
+#[test]
+fn sighup_hands_the_sockets_to_a_new_process() {
+    let dir = std::env::temp_dir().join(format!("lameduck-upgrade-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let pid_file = dir.join("lameduck.pid");
+    let pid_arg = pid_file.to_str().expect("a UTF-8 path");
+    let mut old = Server::start(&["--pid-file", pid_arg]);
+    let old_pid = old.child.id().to_string();
+    let read_pid = || std::fs::read_to_string(&pid_file).unwrap_or_default();
+    let deadline = Instant::now() + TIMEOUT;
+    while read_pid().trim() != old_pid && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+    }
+
+    old.signal(Signal::SIGHUP);
+    assert_eq!(old.exit_code(), 0, "{}", old.log_lines().join("\n"));
+    let new_pid = read_pid();
+    let new_pid = new_pid.trim();
+    assert!(
+        !new_pid.is_empty() && new_pid != old_pid,
+        "pid file: {new_pid:?}"
+    );
+    let successor = KillOnPanic(Pid::from_raw(new_pid.parse().expect("a pid")));
+
+    // The successor serves the same sockets.
+    let (status, _) = request(old.addr, "POST", "/api/greetings", GREETING).expect("POST");
+    assert_eq!(status, 200);
+    let (status, _) = request(old.admin, "GET", "/readyz", "").expect("GET /readyz");
+    assert_eq!(status, 200);
+
+    // It removes its own pid file at exit.
+    kill(successor.0, Signal::SIGTERM).expect("stop the successor");
+    let deadline = Instant::now() + TIMEOUT;
+    while pid_file.exists() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!pid_file.exists(), "the successor did not exit");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Kills a process that is not our child (a successor) if the test fails.
+struct KillOnPanic(Pid);
+
+impl Drop for KillOnPanic {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            let _ = kill(self.0, Signal::SIGKILL);
+        }
+    }
+}

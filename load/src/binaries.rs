@@ -56,7 +56,10 @@ impl Binaries {
     /// Runs `cargo build [--release] -p lameduck -p load --bins` in the
     /// workspace, in the profile this binary was built with (a no-op when
     /// nothing changed), and takes the binaries' paths from cargo's own
-    /// report, wherever the target directory is.
+    /// report, wherever the target directory is. A debug build is the test
+    /// suite's: it has the suite's features (`lameduck/failpoints`, as
+    /// `scripts/test` builds it), so that it neither rebuilds the binary the
+    /// other tests run nor replaces it with one that lacks fault injection.
     ///
     /// # Errors
     /// If the build fails or a binary is missing from its report.
@@ -65,6 +68,8 @@ impl Binaries {
         let mut args = vec!["build"];
         if PROFILE == "release" {
             args.push("--release");
+        } else {
+            args.extend(["--features", "lameduck/failpoints"]);
         }
         args.extend(["-p", "lameduck", "-p", "load", "--bins"]);
         eprintln!("load: cargo {}", args.join(" "));

@@ -1,6 +1,10 @@
 //! The examples as a user runs them: `examples/hello.rs` serves, logs
 //! `listening on http://ADDR`, answers, and on SIGTERM drains, runs its
 //! finalizer and exits 0; a second SIGTERM during the lame duck forces it.
+//!
+//! The examples are built by `cargo test` (and `scripts/test`); with a
+//! target filter such as `--test examples` Cargo does not rebuild them, so
+//! run `cargo build -p lameduck-lifecycle --examples` first.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -18,6 +18,7 @@ use std::ffi::OsString;
 use std::io;
 use std::net::TcpListener;
 use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -38,28 +39,55 @@ pub const UPGRADE_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// period can still meet HTTP/1.1's keep-alive race at the drain.
 pub const UPGRADE_LAME_DUCK: Duration = Duration::from_millis(500);
 
+/// The name an in-place upgrade gives each socket it passes down
+/// (`LISTEN_FDNAMES`), so that the successor knows it owns them.
+const UPGRADE_FD_NAME: &str = "upgrade";
+
 /// The listening sockets of one process: the public one, and the admin one
 /// (probes and metrics) that follows the same handoffs.
 #[derive(Debug, Default)]
 pub struct Listeners {
     /// The public socket: fd 3 under the `LISTEN_FDS` protocol.
-    pub public: Option<TcpListener>,
+    pub public: Option<Inherited>,
     /// The admin socket: fd 4, when passed.
-    pub admin: Option<TcpListener>,
+    pub admin: Option<Inherited>,
+    /// They come from a predecessor's in-place upgrade, not from a service
+    /// manager: this process owns them (a Unix socket's file is then its
+    /// to remove at exit).
+    pub from_upgrade: bool,
+}
+
+/// One inherited listening socket.
+#[derive(Debug)]
+pub enum Inherited {
+    /// A TCP listener.
+    Tcp(TcpListener),
+    /// A Unix stream listener.
+    Unix(UnixListener),
 }
 
 /// The listeners passed down by a service manager or a predecessor: fd 3
 /// is the public socket, fd 4 (if `LISTEN_FDS` is 2) the admin socket. Call
-/// it before starting threads: it clears `LISTEN_FDS`/`LISTEN_PID` from the
-/// environment so that they are not passed on again.
+/// it before starting threads: it clears `LISTEN_FDS`, `LISTEN_PID` and
+/// `LISTEN_FDNAMES` from the environment so that they are not passed on
+/// again.
 ///
 /// # Errors
-/// If a passed descriptor is not a TCP listener.
+/// If a passed descriptor is neither a TCP nor a Unix stream listener.
 pub fn inherited_listeners() -> io::Result<Listeners> {
     let mut fds = listenfd::ListenFd::from_env();
+    let names = std::env::var("LISTEN_FDNAMES").unwrap_or_default();
+    std::env::remove_var("LISTEN_FDNAMES");
+    let mut take = |index| -> io::Result<_> {
+        match fds.take_tcp_listener(index) {
+            Ok(tcp) => Ok(tcp.map(Inherited::Tcp)),
+            Err(_) => Ok(fds.take_unix_listener(index)?.map(Inherited::Unix)),
+        }
+    };
     Ok(Listeners {
-        public: fds.take_tcp_listener(0)?,
-        admin: fds.take_tcp_listener(1)?,
+        public: take(0)?,
+        admin: take(1)?,
+        from_upgrade: names.split(':').next() == Some(UPGRADE_FD_NAME),
     })
 }
 
@@ -110,18 +138,18 @@ pub(crate) async fn upgrade_on_hangup(
     sockets: Vec<OwnedFd>,
     watch: Watch,
     trigger: Trigger,
-) {
+) -> Option<u32> {
     loop {
         tokio::select! {
             Some(()) = hangups.recv() => {}
-            () = watch.triggered() => return,
+            () = watch.triggered() => return None,
         }
         info!(target: LOG_TARGET, exe = %successor.exe.display(), "SIGHUP: starting a new process on the same socket");
         match upgrade(&sockets, &successor).await {
             Ok(pid) => {
                 info!(target: LOG_TARGET, pid, "the new process is ready; this one drains and exits");
                 trigger.trigger_with_lame_duck(format!("upgraded to pid {pid}"), UPGRADE_LAME_DUCK);
-                return;
+                return Some(pid);
             }
             Err(error) => {
                 warn!(target: LOG_TARGET, %error, "upgrade failed; this process keeps serving");
@@ -154,6 +182,10 @@ async fn upgrade(sockets: &[OwnedFd], successor: &Successor) -> io::Result<u32> 
     command
         .args(&successor.args)
         .env("LISTEN_FDS", mappings.len().to_string())
+        .env(
+            "LISTEN_FDNAMES",
+            vec![UPGRADE_FD_NAME; mappings.len()].join(":"),
+        )
         .env_remove("LISTEN_PID")
         .env("NOTIFY_SOCKET", &notify_path)
         .fd_mappings(mappings)

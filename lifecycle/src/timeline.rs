@@ -40,6 +40,9 @@ pub struct Report {
     pub drain: DrainReport,
     /// What stopping workers and running finalizers did.
     pub stop: StopReport,
+    /// The pid of the successor this process handed its sockets to, if it
+    /// retired after an in-place upgrade: the sockets live on in it.
+    pub upgraded_to: Option<u32>,
 }
 
 impl Report {
@@ -190,18 +193,16 @@ impl<L: Listener, S: HttpService> Serve<L, S> {
         let shutdown = self.lifecycle.shutdown;
         let watch = shutdown.watch().clone();
         let (admin, admin_fd) = self.admin.unzip();
+        let mut upgrading = None;
         if let Some(upgrade) = self.lifecycle.upgrade {
             let mut fds = vec![self.listener.as_fd().try_clone_to_owned()];
             fds.extend(admin_fd);
             match fds.into_iter().collect() {
                 Ok(fds) => {
                     let trigger = shutdown.trigger_handle();
-                    tokio::spawn(handoff::upgrade_on_hangup(
-                        upgrade,
-                        fds,
-                        watch.clone(),
-                        trigger,
-                    ));
+                    upgrading = Some(AbortOnDropHandle::new(tokio::spawn(
+                        handoff::upgrade_on_hangup(upgrade, fds, watch.clone(), trigger),
+                    )));
                 }
                 Err(error) => warn!(%error, "in-place upgrade unavailable"),
             }
@@ -214,6 +215,11 @@ impl<L: Listener, S: HttpService> Serve<L, S> {
         handoff::notify_ready();
 
         let drain = serve(self.listener, self.service, &shutdown, self.config).await;
+        // Done by now unless a signal came in the middle of an upgrade.
+        let upgraded_to = match upgrading {
+            Some(upgrading) if upgrading.is_finished() => upgrading.await.ok().flatten(),
+            _ => None,
+        };
         let stop = self.lifecycle.workers.stop().await;
         shutdown.set_phase(Phase::Stopped);
         self.closing.cancel();
@@ -222,6 +228,10 @@ impl<L: Listener, S: HttpService> Serve<L, S> {
         if let Some(admin) = admin.filter(|_| !stop.forced) {
             let _ = tokio::time::timeout(ADMIN_CLOSE_GRACE, admin).await;
         }
-        Report { drain, stop }
+        Report {
+            drain,
+            stop,
+            upgraded_to,
+        }
     }
 }

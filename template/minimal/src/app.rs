@@ -13,7 +13,7 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
-use lameduck_lifecycle::handoff::Listeners;
+use lameduck_lifecycle::handoff::{Inherited, Listeners};
 use lameduck_lifecycle::{Lifecycle, Report, LOG_TARGET};
 use lameduck_lifecycle::{ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE};
 
@@ -135,13 +135,14 @@ impl App {
 }
 
 /// Binds `addr`, or serves `inherited` (a socket passed down) instead.
-async fn listen(
-    addr: SocketAddr,
-    inherited: Option<std::net::TcpListener>,
-) -> Result<TcpListener, StartupError> {
+async fn listen(addr: SocketAddr, inherited: Option<Inherited>) -> Result<TcpListener, StartupError> {
     let bind_error = |source| StartupError::Bind { addr, source };
     match inherited {
-        Some(listener) => {
+        Some(Inherited::Unix(_)) => Err(bind_error(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the inherited socket is a Unix socket; this service listens on TCP",
+        ))),
+        Some(Inherited::Tcp(listener)) => {
             tracing::info!(%addr, "serving an inherited listening socket instead of binding");
             listener.set_nonblocking(true).map_err(bind_error)?;
             TcpListener::from_std(listener).map_err(bind_error)

@@ -8,12 +8,11 @@ use std::time::Duration;
 
 use axum::Router;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 
 use crate::config::ServerConfig;
 use crate::http::lifecycle_metrics::LifecycleCollector;
 use crate::http::{self, AppState, GuardMetrics, HttpMetrics, Startup};
-use crate::lifecycle::handoff::Listeners;
+use crate::lifecycle::handoff::{Inherited, Listeners};
 use crate::lifecycle::{
     self, DrainReport, Lifecycle, StopReport, ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE, LOG_TARGET,
 };
@@ -21,7 +20,10 @@ use crate::links::cache::LinkCache;
 use crate::links::hits::{self, HitCounter};
 use crate::links::live::LiveHits;
 use crate::links::spill::{self, ReplayError};
+use crate::listen::{self, ListenAddr, PublicListener, Socket};
 use crate::storage::{self, Storage, StorageError, StorageMetrics};
+use crate::tls::reload::{run_reloader, RELOAD_POLL_INTERVAL};
+use crate::tls::{self as tls, CertStore, TlsAcceptor, TlsError, TlsMetrics};
 
 /// How often the database health probe runs.
 pub const HEALTH_PROBE_INTERVAL: Duration = Duration::from_secs(1);
@@ -81,40 +83,27 @@ pub enum StartupError {
     #[error("cannot listen on {addr}")]
     Bind {
         /// The address.
-        addr: SocketAddr,
+        addr: ListenAddr,
         /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// The TLS certificate or key is unusable (a configuration error: exit 2).
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 /// The pieces of a built [`App`], for serving its router with another loop.
 #[derive(Debug)]
 pub struct AppParts {
     /// The bound listener.
-    pub listener: TcpListener,
+    pub listener: PublicListener,
     /// The full router.
     pub router: Router,
     /// The open database.
     pub storage: Storage,
     /// The lifecycle, with the hit flusher and the finalizers registered.
     pub lifecycle: Lifecycle,
-}
-
-/// Binds `addr`, or serves `inherited` (a socket passed down) instead.
-async fn listen(
-    addr: SocketAddr,
-    inherited: Option<std::net::TcpListener>,
-) -> Result<TcpListener, StartupError> {
-    let bind_error = |source| StartupError::Bind { addr, source };
-    match inherited {
-        Some(listener) => {
-            tracing::info!(%addr, "serving an inherited listening socket instead of binding");
-            listener.set_nonblocking(true).map_err(bind_error)?;
-            TcpListener::from_std(listener).map_err(bind_error)
-        }
-        None => TcpListener::bind(addr).await.map_err(bind_error),
-    }
 }
 
 /// How a run ended: the drain, then workers and finalizers, and where the
@@ -137,9 +126,12 @@ pub struct RunReport {
 /// workers running, router ready.
 #[derive(Debug)]
 pub struct App {
-    listener: TcpListener,
+    listener: PublicListener,
     router: Router,
-    admin_listener: TcpListener,
+    admin_listener: Socket,
+    /// Unix socket files this process owns: removed at exit, unless handed
+    /// to a successor.
+    socket_files: Vec<std::path::PathBuf>,
     admin_router: Router,
     lifecycle: Lifecycle,
     storage: Storage,
@@ -197,8 +189,52 @@ impl App {
         for dir in [&spill_dir, &config.data_dir] {
             log_replayed(spill::replay(dir, &storage).await?);
         }
-        let listener = listen(config.listen, inherited.public).await?;
-        let admin_listener = listen(config.admin_listen, inherited.admin).await?;
+        let tls = match config.tls_files() {
+            Some(files) => {
+                let contents = files.read()?;
+                let pair = files.parse(&contents)?;
+                tls::log_loaded(&pair.info, &files, "TLS certificate loaded");
+                let metrics = TlsMetrics::default();
+                metrics.register(&mut registry);
+                metrics.set_expiry(pair.info.not_after);
+                let store = Arc::new(CertStore::new(pair));
+                lifecycle
+                    .workers()
+                    .spawn_background("TLS certificate reloader", {
+                        let store = Arc::clone(&store);
+                        move |token| {
+                            run_reloader(
+                                store,
+                                files,
+                                contents,
+                                metrics,
+                                RELOAD_POLL_INTERVAL,
+                                token,
+                            )
+                        }
+                    });
+                Some(TlsAcceptor::new(store))
+            }
+            None => None,
+        };
+        let owns_inherited = inherited.from_upgrade;
+        let mut socket_files = Vec::new();
+        let bind = |addr: &ListenAddr, inherited: Option<Inherited>| {
+            let owned = inherited.is_none() || owns_inherited;
+            let mode = config.unix_socket_mode;
+            let addr = addr.clone();
+            async move {
+                let bound = listen::bind(&addr, inherited, mode).await;
+                bound
+                    .map_err(|source| StartupError::Bind { addr, source })
+                    .map(|socket| (socket, owned))
+            }
+        };
+        let (socket, owned) = bind(&config.listen, inherited.public).await?;
+        socket_files.extend(socket.unix_path().filter(|_| owned));
+        let listener = PublicListener::new(socket, tls);
+        let (admin_listener, owned) = bind(&config.admin_listen, inherited.admin).await?;
+        socket_files.extend(admin_listener.unix_path().filter(|_| owned));
 
         let workers = lifecycle.workers();
         // Finalizers run last-registered first: the pool closes after the
@@ -268,6 +304,7 @@ impl App {
             listener,
             router,
             admin_listener,
+            socket_files,
             admin_router,
             lifecycle,
             storage,
@@ -279,7 +316,8 @@ impl App {
     /// The bound address (useful with port 0).
     ///
     /// # Panics
-    /// If the OS cannot report the address of a bound socket.
+    /// If the listener is a Unix socket, or the OS cannot report the address
+    /// of a bound socket.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener
             .local_addr()
@@ -289,7 +327,8 @@ impl App {
     /// The admin listener's address: `/healthz`, `/readyz`, `/metrics`.
     ///
     /// # Panics
-    /// If the OS cannot report the address of a bound socket.
+    /// If the listener is a Unix socket, or the OS cannot report the address
+    /// of a bound socket.
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin_listener
             .local_addr()
@@ -334,6 +373,14 @@ impl App {
             .admin(self.admin_listener, self.admin_router)
             .run()
             .await;
+        // A successor serves on the same socket files now.
+        if report.upgraded_to.is_none() {
+            for path in &self.socket_files {
+                if let Err(error) = std::fs::remove_file(path) {
+                    tracing::warn!(%error, path = %path.display(), "cannot remove the socket file");
+                }
+            }
+        }
         RunReport {
             drain: report.drain,
             stop: report.stop,

@@ -2,7 +2,6 @@
 //! variable, parsed once at startup. An invalid value ends the process before
 //! anything starts (exit code 2).
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -10,6 +9,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::http::HttpLimits;
 use crate::lifecycle::ServeConfig;
+use crate::listen::ListenAddr;
+use crate::tls::TlsFiles;
 
 /// lameduck: an HTTP service that stops, restarts and rolls out under load
 /// without dropping a request or losing a byte.
@@ -36,20 +37,57 @@ pub enum Command {
 /// How the server runs and how it shuts down.
 #[derive(Clone, Debug, Args)]
 pub struct ServerConfig {
-    /// Socket address to listen on; port 0 picks a free port. Ignored when
-    /// a listening socket is inherited (`LISTEN_FDS`: systemd socket
-    /// activation, or an in-place upgrade).
-    #[arg(long, env = "LAMEDUCK_LISTEN", default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
+    /// Where to listen: `HOST:PORT` (port 0 picks a free port) or
+    /// `unix:PATH` for a Unix socket. Ignored when a listening socket is
+    /// inherited (`LISTEN_FDS`: systemd socket activation, or an in-place
+    /// upgrade).
+    #[arg(
+        long,
+        env = "LAMEDUCK_LISTEN",
+        default_value = "127.0.0.1:8080",
+        value_name = "ADDR"
+    )]
+    pub listen: ListenAddr,
 
     /// Where liveness (`/healthz`), readiness (`/readyz`) and `/metrics` are
     /// served for probes and scrapers, outside `--max-connections` and load
     /// shedding, so public traffic never starves them. It follows the same
     /// timeline (readiness turns 503 at the signal) and closes last, after
     /// the drain. Port 0 picks a free one (logged as `admin endpoints on
-    /// http://ADDR`).
-    #[arg(long, env = "LAMEDUCK_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
-    pub admin_listen: SocketAddr,
+    /// http://ADDR`). `unix:PATH` for a Unix socket. Always plain HTTP.
+    #[arg(
+        long,
+        env = "LAMEDUCK_ADMIN_LISTEN",
+        default_value = "127.0.0.1:9090",
+        value_name = "ADDR"
+    )]
+    pub admin_listen: ListenAddr,
+
+    /// Permissions of the Unix socket files this server creates (`--listen
+    /// unix:…`, `--admin-listen unix:…`), in octal: who may connect. The
+    /// files are removed at exit, unless handed to a successor.
+    #[arg(long, env = "LAMEDUCK_UNIX_SOCKET_MODE", default_value = "660", value_parser = parse_mode, value_name = "OCTAL")]
+    pub unix_socket_mode: u32,
+
+    /// PEM certificate chain (leaf first): the public listener then speaks
+    /// TLS only (ALPN `h2`, `http/1.1`). Reloaded without a restart when it
+    /// changes, as a Kubernetes Secret volume does. Needs `--tls-key`.
+    #[arg(
+        long,
+        env = "LAMEDUCK_TLS_CERT",
+        value_name = "PATH",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of `--tls-cert` (PKCS#8, PKCS#1 or SEC1).
+    #[arg(
+        long,
+        env = "LAMEDUCK_TLS_KEY",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
 
     /// Lame-duck period after the signal: readiness is already 503 but the
     /// server keeps accepting, so load balancers that have not noticed yet
@@ -144,6 +182,14 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
+    /// The TLS certificate and key, if TLS is on.
+    pub fn tls_files(&self) -> Option<TlsFiles> {
+        Some(TlsFiles {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+        })
+    }
+
     /// The spill directory: `--spill-dir`, or `<data-dir>/spill`.
     pub fn spill_dir(&self) -> PathBuf {
         self.spill_dir
@@ -174,6 +220,13 @@ impl ServerConfig {
     }
 }
 
+fn parse_mode(value: &str) -> Result<u32, String> {
+    match u32::from_str_radix(value.trim_start_matches("0o"), 8) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        _ => Err("expected an octal file mode such as 660".to_owned()),
+    }
+}
+
 fn parse_positive_duration(value: &str) -> Result<Duration, String> {
     match humantime::parse_duration(value) {
         Ok(duration) if duration.is_zero() => Err("must be greater than zero".to_owned()),
@@ -186,9 +239,15 @@ fn parse_positive_duration(value: &str) -> Result<Duration, String> {
 #[derive(Clone, Debug, Args)]
 pub struct HealthcheckConfig {
     /// The server's admin address (`--admin-listen`), where `/readyz` is
-    /// never shed; a wildcard address is probed on loopback.
-    #[arg(long, env = "LAMEDUCK_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
-    pub admin_listen: SocketAddr,
+    /// never shed; a wildcard address is probed on loopback, `unix:PATH`
+    /// through the socket file.
+    #[arg(
+        long,
+        env = "LAMEDUCK_ADMIN_LISTEN",
+        default_value = "127.0.0.1:9090",
+        value_name = "ADDR"
+    )]
+    pub admin_listen: ListenAddr,
 
     /// Path to probe.
     #[arg(long, default_value = "/readyz")]

@@ -40,8 +40,10 @@ pub mod exit;
 pub mod healthcheck;
 pub mod http;
 pub mod links;
+pub mod listen;
 pub mod storage;
 pub mod telemetry;
+pub mod tls;
 
 pub use app::App;
 /// The lifecycle crate, under the name the service has always used for it.

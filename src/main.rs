@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use clap::Parser;
-use lameduck::app::RunReport;
+use lameduck::app::{RunReport, StartupError};
 use lameduck::config::{Cli, Command, ServerConfig};
 use lameduck::exit::Exit;
 use std::path::Path;
@@ -31,7 +31,7 @@ fn main() -> ExitCode {
             let inherited = match handoff::inherited_listeners() {
                 Ok(inherited) => inherited,
                 Err(error) => {
-                    tracing::error!(%error, "an inherited socket is not a TCP listener");
+                    tracing::error!(%error, "an inherited socket is neither a TCP nor a Unix stream listener");
                     return Exit::Startup.into();
                 }
             };
@@ -79,6 +79,12 @@ async fn server(config: ServerConfig, inherited: handoff::Listeners) -> Exit {
     let pid_file = config.pid_file.clone();
     let app = match App::build_on(config, lifecycle, inherited).await {
         Ok(app) => app,
+        // An unusable certificate or key is a configuration error: one
+        // line naming the file and the problem.
+        Err(StartupError::Tls(error)) => {
+            tracing::error!("TLS: {error}");
+            return Exit::Usage;
+        }
         Err(error) => {
             tracing::error!("startup failed: {}", error_chain(&error));
             return Exit::Startup;
@@ -150,12 +156,15 @@ fn usage_error(error: &clap::Error) -> ExitCode {
         }
         _ => {
             let rendered = error.render().to_string();
-            let line = rendered
-                .lines()
-                .find(|line| !line.trim().is_empty())
-                .unwrap_or("invalid command line");
-            let line = line.strip_prefix("error: ").unwrap_or(line);
-            eprintln!("lameduck: {line} (see --help)");
+            let mut lines = rendered.lines().map(str::trim).filter(|l| !l.is_empty());
+            let first = lines.next().unwrap_or("invalid command line");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            // "the following required arguments were not provided:" names
+            // them on the next line.
+            match lines.next().filter(|_| first.ends_with(':')) {
+                Some(next) => eprintln!("lameduck: {first} {next} (see --help)"),
+                None => eprintln!("lameduck: {first} (see --help)"),
+            }
             Exit::Usage.into()
         }
     }

@@ -12,16 +12,13 @@ mod support;
 use std::error::Error as _;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use command_fds::{CommandFdExt, FdMapping};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper::client::conn::http1::{self, SendRequest};
@@ -34,7 +31,10 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use tempfile::TempDir;
 
-use support::binary::{connect, create_link, get, read_response, Process, BINARY};
+use support::binary::{
+    connect, create_link, get, pass_listeners, read_pid, read_response, server_command, Process,
+    BINARY,
+};
 
 /// Generous bound on anything that should take well under a second: a log
 /// line to appear, a process to start, get ready or exit. Reaching it is a
@@ -284,48 +284,6 @@ fn tempdir(prefix: &str) -> TempDir {
         .prefix(prefix)
         .tempdir()
         .expect("a temporary directory")
-}
-
-/// `exe server --admin-listen ADMIN` with piped output, `RUST_LOG=info`,
-/// none of the test's own `LAMEDUCK_*`, `DATABASE_URL`, `LISTEN_*` or
-/// `NOTIFY_SOCKET` variables, and a process group of its own (inherited by
-/// its successors).
-fn server_command(exe: &Path, admin: &str) -> Command {
-    let mut command = Command::new(exe);
-    command.args(["server", "--admin-listen", admin]);
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        if key.starts_with("LAMEDUCK_")
-            || key.starts_with("LISTEN_")
-            || key == "DATABASE_URL"
-            || key == "NOTIFY_SOCKET"
-        {
-            command.env_remove(&*key);
-        }
-    }
-    command.env("RUST_LOG", "info");
-    command
-}
-
-/// Passes `listeners` as fds 3, 4, … with `LISTEN_FDS`, as systemd does.
-fn pass_listeners(command: &mut Command, listeners: &[&TcpListener]) {
-    let mappings = (3..)
-        .zip(listeners)
-        .map(|(child_fd, listener)| FdMapping {
-            parent_fd: OwnedFd::from(listener.try_clone().expect("duplicate the socket")),
-            child_fd,
-        })
-        .collect();
-    command
-        .env("LISTEN_FDS", listeners.len().to_string())
-        .fd_mappings(mappings)
-        .expect("the fds are free");
-}
-
-/// The pid in `path`, if it holds one.
-fn read_pid(path: &Path) -> Option<Pid> {
-    let text = std::fs::read_to_string(path).ok()?;
-    text.trim().parse().ok().map(Pid::from_raw)
 }
 
 /// Warnings, errors and shutdown summaries: the logs of fifty processes in

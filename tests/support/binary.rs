@@ -20,6 +20,7 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -27,6 +28,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use command_fds::{CommandFdExt, FdMapping};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use tempfile::TempDir;
@@ -45,12 +47,13 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the `wait_*` loops poll the child.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
 
-/// What the server logs once it listens, followed by its address.
-const LISTENING: &str = "listening on http://";
+/// What the server logs once it listens, followed by `://ADDR` (plain
+/// HTTP) or `s://ADDR` (TLS).
+const LISTENING: &str = "listening on http";
 
 /// What the server logs once its admin listener serves, followed by its
 /// address.
-const ADMIN: &str = "admin endpoints on http://";
+const ADMIN: &str = "admin endpoints on http";
 
 /// Which pipe a captured line came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -336,7 +339,7 @@ impl LameduckProcess {
             let _ = process.child.kill();
             let status = process.child.wait();
             panic!(
-                "lameduck did not log `{LISTENING}ADDR` within {START_TIMEOUT:?} \
+                "lameduck did not log `{LISTENING}://ADDR` within {START_TIMEOUT:?} \
                  (exit: {status:?}); it wrote:\n{}",
                 captured.all().join("\n")
             );
@@ -495,13 +498,62 @@ fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     }
 }
 
-/// The address in a `listening on http://ADDR` line (text or JSON).
+/// The address in a `listening on http://ADDR` (or `https://ADDR`) line,
+/// text or JSON.
 fn parse_address(line: &str, prefix: &str) -> Option<SocketAddr> {
     let rest = &line[line.find(prefix)? + prefix.len()..];
+    let rest = rest.strip_prefix("s").unwrap_or(rest).strip_prefix("://")?;
     let end = rest
         .find(|c: char| !(c.is_ascii_hexdigit() || matches!(c, '.' | ':' | '[' | ']')))
         .unwrap_or(rest.len());
     rest[..end].parse().ok()
+}
+
+// === process helpers for handoffs ===
+
+/// `exe server --admin-listen ADMIN` with piped output, `RUST_LOG=info`,
+/// none of the test's own `LAMEDUCK_*`, `DATABASE_URL`, `LISTEN_*` or
+/// `NOTIFY_SOCKET` variables, and a process group of its own (inherited by
+/// its successors).
+pub fn server_command(exe: &Path, admin: &str) -> Command {
+    let mut command = Command::new(exe);
+    command.args(["server", "--admin-listen", admin]);
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("LAMEDUCK_")
+            || key.starts_with("LISTEN_")
+            || key == "DATABASE_URL"
+            || key == "NOTIFY_SOCKET"
+        {
+            command.env_remove(&*key);
+        }
+    }
+    command.env("RUST_LOG", "info");
+    command
+}
+
+/// Passes `listeners` as fds 3, 4, … with `LISTEN_FDS`, as systemd does.
+pub fn pass_listeners(command: &mut Command, listeners: &[&impl AsFd]) {
+    let mappings = (3..)
+        .zip(listeners)
+        .map(|(child_fd, listener)| FdMapping {
+            parent_fd: listener
+                .as_fd()
+                .try_clone_to_owned()
+                .expect("duplicate the socket"),
+            child_fd,
+        })
+        .collect();
+    command
+        .env("LISTEN_FDS", listeners.len().to_string())
+        .fd_mappings(mappings)
+        .expect("the fds are free");
+}
+
+/// The pid in `path`, if it holds one.
+pub fn read_pid(path: &Path) -> Option<Pid> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.trim().parse().ok().map(Pid::from_raw)
 }
 
 // === raw HTTP/1 ===

@@ -3,3 +3,4 @@
 
 pub mod binary;
 pub mod postgres;
+pub mod tls;

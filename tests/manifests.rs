@@ -9,14 +9,20 @@
 //! The Dockerfile and the base-image script are checked against each other
 //! and the Deployment, and the files are validated with `kubernetes-validate`
 //! and `hadolint` when those are on PATH (`scripts/install-test-deps.sh lint`).
+//! The TLS overlay (`deploy/kubernetes-tls`) mounts its Secret where the
+//! server is told to read the certificate, in a way that receives renewals;
+//! rendered with `kubectl kustomize` when kubectl is on PATH, it is validated
+//! and checked like the base.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command as Process;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
 use lameduck::config::{Cli, Command, ServerConfig};
+use lameduck::listen::ListenAddr;
 use serde::Deserialize as _;
 use serde_yaml::Value;
 
@@ -37,6 +43,11 @@ fn repo() -> PathBuf {
 
 fn manifests_dir() -> PathBuf {
     repo().join("deploy/kubernetes")
+}
+
+/// The TLS overlay: the base with the public listener on HTTPS.
+fn tls_overlay_dir() -> PathBuf {
+    repo().join("deploy/kubernetes-tls")
 }
 
 fn read(path: &Path) -> String {
@@ -179,6 +190,18 @@ fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
         .find(|entry| entry["name"].as_str() == Some(name))
 }
 
+/// A listening address of the Deployment's server: TCP, since the kubelet
+/// and the Service reach the pod over the network.
+fn tcp(addr: &ListenAddr, what: &str) -> SocketAddr {
+    match addr {
+        ListenAddr::Tcp(addr) => *addr,
+        ListenAddr::Unix(path) => panic!(
+            "{what} ({}) must be a TCP address: the kubelet and the Service cannot reach a Unix socket",
+            path.display()
+        ),
+    }
+}
+
 /// A container port given by name or number, as a number.
 fn resolve_port(container: &Value, port: &Value) -> u64 {
     if let Some(number) = port.as_u64() {
@@ -248,13 +271,15 @@ fn probes_ask_the_server_where_it_listens() {
     let config = server_config(&container);
     let port = container_port(&container);
     let admin = named_port(&container, "admin");
+    let admin_listen = tcp(&config.admin_listen, "LAMEDUCK_ADMIN_LISTEN");
+    let listen = tcp(&config.listen, "LAMEDUCK_LISTEN");
     assert!(
-        config.admin_listen.ip().is_unspecified(),
+        admin_listen.ip().is_unspecified(),
         "LAMEDUCK_ADMIN_LISTEN ({}) must be a wildcard address for the kubelet to reach it",
-        config.admin_listen
+        admin_listen
     );
     assert_eq!(
-        u64::from(config.admin_listen.port()),
+        u64::from(admin_listen.port()),
         admin,
         "LAMEDUCK_ADMIN_LISTEN's port must be the admin containerPort"
     );
@@ -267,12 +292,12 @@ fn probes_ask_the_server_where_it_listens() {
     assert_eq!(annotations["prometheus.io/path"], "/metrics");
 
     assert!(
-        config.listen.ip().is_unspecified(),
+        listen.ip().is_unspecified(),
         "LAMEDUCK_LISTEN ({}) must be a wildcard address for the kubelet and the Service to reach it",
-        config.listen
+        listen
     );
     assert_eq!(
-        u64::from(config.listen.port()),
+        u64::from(listen.port()),
         port,
         "LAMEDUCK_LISTEN's port must be the containerPort"
     );
@@ -776,4 +801,249 @@ fn dockerfile_passes_hadolint() {
         return;
     };
     assert_tool_passed("hadolint Dockerfile", &output);
+}
+
+/// The path of a file the server is told to read, if it lies inside
+/// `dir`: its name there.
+fn file_inside<'a>(path: &'a str, dir: &str) -> Option<&'a str> {
+    let name = path
+        .strip_prefix(dir.trim_end_matches('/'))?
+        .strip_prefix('/')?;
+    (!name.is_empty() && !name.contains('/')).then_some(name)
+}
+
+/// The names of the server's `--tls-cert` and `--tls-key` variables, as its
+/// parser declares them.
+fn tls_variables() -> [String; 2] {
+    let command = Cli::command();
+    let server = command
+        .find_subcommand("server")
+        .expect("lameduck has a server subcommand");
+    ["tls-cert", "tls-key"].map(|long| {
+        let arg = server
+            .get_arguments()
+            .find(|arg| arg.get_long() == Some(long))
+            .unwrap_or_else(|| panic!("`lameduck server` has no --{long}"));
+        let env = arg
+            .get_env()
+            .unwrap_or_else(|| panic!("--{long} is read from no environment variable"));
+        env.to_str().expect("UTF-8").to_owned()
+    })
+}
+
+/// Where the TLS Secret is mounted in `deployment` (a Deployment or the
+/// overlay's patch of one), after checking that the server's certificate
+/// and key are the Secret's `tls.crt` and `tls.key` inside that mount, a
+/// read-only directory mount of the Secret the example describes.
+fn tls_mount(deployment: &Value, what: &str) -> String {
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = seq_at(&pod["containers"], "containers")
+        .iter()
+        .find(|c| c["name"].as_str() == server_container(&self::deployment())["name"].as_str())
+        .unwrap_or_else(|| panic!("{what}: no container named as the base's"))
+        .clone();
+    let [cert_var, key_var] = tls_variables();
+    let value = |name: &str| -> String {
+        let entry =
+            env_value(&container, name).unwrap_or_else(|| panic!("{what}: {name} is not set"));
+        str_at(&entry["value"], name).to_owned()
+    };
+    let (cert, key) = (value(&cert_var), value(&key_var));
+
+    let mounts = seq_at(&container["volumeMounts"], "volumeMounts");
+    let mount = mounts
+        .iter()
+        .find(|m| file_inside(&cert, str_at(&m["mountPath"], "mountPath")).is_some())
+        .unwrap_or_else(|| {
+            panic!("{what}: {cert_var} ({cert}) is not a file right inside a mount")
+        });
+    let mount_path = str_at(&mount["mountPath"], "mountPath").to_owned();
+    // A subPath mount is copied once when the container starts: the
+    // kubelet's updates of the Secret (a renewed certificate) never reach
+    // it, and the server would serve the old certificate until it expires.
+    for field in ["subPath", "subPathExpr"] {
+        assert!(
+            mount[field].is_null(),
+            "{what}: the TLS Secret must be mounted as a directory, without {field}, \
+             or certificate renewals never reach the pod"
+        );
+    }
+    assert_eq!(
+        mount["readOnly"].as_bool(),
+        Some(true),
+        "{what}: the TLS mount is read-only"
+    );
+    assert_eq!(
+        file_inside(&key, &mount_path),
+        Some("tls.key"),
+        "{what}: {key_var} ({key}) is the Secret's tls.key in {mount_path}"
+    );
+    assert_eq!(
+        file_inside(&cert, &mount_path),
+        Some("tls.crt"),
+        "{what}: {cert_var} ({cert}) is the Secret's tls.crt in {mount_path}"
+    );
+
+    let volume_name = str_at(&mount["name"], "volume name");
+    let volume = seq_at(&pod["volumes"], "volumes")
+        .iter()
+        .find(|v| v["name"].as_str() == Some(volume_name))
+        .unwrap_or_else(|| panic!("{what}: no volume named {volume_name}"));
+    let secret_name = str_at(
+        &volume["secret"]["secretName"],
+        "the TLS volume's secret.secretName",
+    );
+    assert!(
+        volume["secret"]["items"].is_null(),
+        "{what}: every key of the Secret under its own name (tls.crt, tls.key)"
+    );
+    let example = tls_example_secret();
+    assert_eq!(
+        str_at(&example["metadata"]["name"], "Secret name"),
+        secret_name,
+        "{what}: the volume is the example's Secret"
+    );
+    mount_path
+}
+
+fn tls_example_secret() -> Value {
+    let path = tls_overlay_dir().join("secret-tls.example.yaml");
+    let mut secrets: Vec<Value> = documents(&path)
+        .into_iter()
+        .filter(|d| d["kind"].as_str() == Some("Secret"))
+        .collect();
+    assert_eq!(secrets.len(), 1, "{} holds one Secret", path.display());
+    secrets.remove(0)
+}
+
+#[test]
+fn tls_overlay_mounts_its_secret_where_the_server_reads_the_certificate() {
+    let kustomization = documents(&tls_overlay_dir().join("kustomization.yaml")).remove(0);
+    let resources: Vec<&str> = seq_at(&kustomization["resources"], "resources")
+        .iter()
+        .map(|r| str_at(r, "resource"))
+        .collect();
+    assert_eq!(
+        resources,
+        ["../kubernetes"],
+        "the overlay is the base and its patches, nothing else (the example Secret is never applied)"
+    );
+    let mut patches = Vec::new();
+    for patch in seq_at(&kustomization["patches"], "patches") {
+        let file = str_at(&patch["path"], "patch path");
+        let path = tls_overlay_dir().join(file);
+        assert!(path.is_file(), "the overlay lists a missing patch {file}");
+        patches.push(path);
+    }
+    let deployment_patch = patches
+        .iter()
+        .flat_map(|path| documents(path))
+        .find(|d| d["kind"].as_str() == Some("Deployment"))
+        .expect("the overlay patches the Deployment");
+    assert_eq!(
+        deployment_patch["metadata"]["name"],
+        deployment()["metadata"]["name"],
+        "the patch names the base's Deployment"
+    );
+    tls_mount(&deployment_patch, "the overlay's Deployment patch");
+
+    let secret = tls_example_secret();
+    assert_eq!(
+        str_at(&secret["type"], "Secret type"),
+        "kubernetes.io/tls",
+        "`kubectl create secret tls` and cert-manager make this type"
+    );
+    for key in ["tls.crt", "tls.key"] {
+        let value = str_at(&secret["stringData"][key], key);
+        assert!(
+            value.contains("CHANGE-ME") && value.contains("-----BEGIN "),
+            "the example Secret's {key} must be an obvious placeholder: {value}"
+        );
+    }
+}
+
+#[test]
+fn tls_overlay_renders_and_validates_with_probes_on_plain_http() {
+    let dir = tls_overlay_dir().display().to_string();
+    let Some(rendered) = run_tool("kubectl", &["kustomize", &dir]) else {
+        return;
+    };
+    assert_tool_passed("kubectl kustomize (TLS overlay)", &rendered);
+    let out = tempfile::Builder::new()
+        .suffix(".yaml")
+        .tempfile()
+        .expect("temp file");
+    std::fs::write(out.path(), &rendered.stdout).expect("write the rendered overlay");
+    let example = tls_overlay_dir().join("secret-tls.example.yaml");
+    let (path, example) = (
+        out.path().display().to_string(),
+        example.display().to_string(),
+    );
+    if let Some(output) = run_tool(
+        "kubernetes-validate",
+        &[
+            "--strict",
+            "-k",
+            KUBERNETES_VERSION,
+            "--quiet",
+            &path,
+            &example,
+        ],
+    ) {
+        assert_tool_passed("kubernetes-validate on the TLS overlay", &output);
+        println!("kubectl kustomize {dir}: valid");
+    }
+
+    let objects = documents(out.path());
+    let one = |kind: &str| -> Value {
+        let found: Vec<&Value> = objects
+            .iter()
+            .filter(|d| d["kind"].as_str() == Some(kind))
+            .collect();
+        assert_eq!(found.len(), 1, "the overlay renders one {kind}");
+        found[0].clone()
+    };
+    let deployment = one("Deployment");
+    let mount = tls_mount(&deployment, "the rendered TLS overlay");
+    let container = server_container(&deployment);
+    // Every variable, TLS ones included, as the server parses them.
+    let config = server_config(&container);
+    for m in seq_at(&container["volumeMounts"], "volumeMounts") {
+        let path = str_at(&m["mountPath"], "mountPath");
+        assert!(
+            path == mount || !Path::new(path).starts_with(&mount),
+            "nothing mounted over the TLS Secret's directory: {path}"
+        );
+    }
+
+    let https = resolve_port(&container, &Value::String("https".to_owned()));
+    assert_eq!(
+        u64::from(tcp(&config.listen, "LAMEDUCK_LISTEN").port()),
+        https,
+        "the https containerPort is the public listener"
+    );
+    let admin = resolve_port(&container, &Value::String("admin".to_owned()));
+    for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!(
+            resolve_port(&container, &get["port"]),
+            admin,
+            "{probe} asks the admin port, plain HTTP whatever the public listener speaks"
+        );
+        assert!(
+            get["scheme"].is_null() || get["scheme"].as_str() == Some("HTTP"),
+            "{probe}: the admin listener speaks plain HTTP"
+        );
+    }
+
+    let service = one("Service");
+    let ports = seq_at(&service["spec"]["ports"], "Service ports");
+    assert_eq!(ports.len(), 1, "one Service port, HTTPS: {ports:?}");
+    assert_eq!(
+        resolve_port(&container, &ports[0]["targetPort"]),
+        https,
+        "the Service sends to the TLS listener"
+    );
+    assert_eq!(ports[0]["appProtocol"].as_str(), Some("https"));
+    assert_eq!(ports[0]["port"].as_u64(), Some(443));
 }

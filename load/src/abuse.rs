@@ -576,7 +576,10 @@ async fn one_attack(
 /// The address of the server's admin listener (`/metrics`), from its
 /// `admin endpoints on http://ADDR` log line: the harness starts it on port
 /// 0 (see [`Spec::args`]).
-async fn admin_addr(server: &Replica) -> anyhow::Result<SocketAddr> {
+///
+/// # Errors
+/// If the line is not in the log within a few seconds.
+pub async fn admin_addr(server: &Replica) -> anyhow::Result<SocketAddr> {
     let deadline = Instant::now() + ADMIN_LOG_LIMIT;
     loop {
         let log = std::fs::read_to_string(server.log()).unwrap_or_default();

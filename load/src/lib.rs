@@ -43,6 +43,7 @@ pub mod replica;
 pub mod report;
 pub mod rollout;
 pub mod soak;
+pub mod tls;
 pub mod traffic;
 
 #[path = "../../tests/support/postgres.rs"]

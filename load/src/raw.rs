@@ -3,13 +3,14 @@
 //! It costs far less CPU per request than the servers it measures, so a
 //! closed-loop benchmark on one core saturates a server on another.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -22,6 +23,12 @@ const MAX_HEAD: usize = 16 * 1024;
 /// `GET PATH HTTP/1.1` with a Host header, as bytes.
 pub fn get(path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n").into_bytes()
+}
+
+/// `GET PATH HTTP/1.1` with a Host header and `Connection: close`: the
+/// connection's one request.
+pub fn get_close(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").into_bytes()
 }
 
 /// `POST PATH HTTP/1.1` with a JSON `body`, as bytes.
@@ -42,10 +49,11 @@ pub struct Head {
     pub close: bool,
 }
 
-/// One keep-alive connection.
+/// One keep-alive connection, over TCP or over anything else that reads and
+/// writes bytes (a TLS stream).
 #[derive(Debug)]
-pub struct RawConn {
-    stream: TcpStream,
+pub struct RawConn<S = TcpStream> {
+    stream: S,
     buf: Vec<u8>,
 }
 
@@ -57,10 +65,27 @@ impl RawConn {
     pub async fn connect(addr: SocketAddr) -> io::Result<RawConn> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        Ok(RawConn {
+        Ok(RawConn::new(stream))
+    }
+
+    /// The stream, for keeping the connection open without using it.
+    pub fn into_stream(self) -> TcpStream {
+        self.stream
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> RawConn<S> {
+    /// A connection over `stream`, already connected.
+    pub fn new(stream: S) -> RawConn<S> {
+        RawConn {
             stream,
             buf: Vec::with_capacity(1024),
-        })
+        }
+    }
+
+    /// The stream.
+    pub fn stream(&self) -> &S {
+        &self.stream
     }
 
     /// Sends `request` and reads the whole response.
@@ -70,6 +95,9 @@ impl RawConn {
     /// (`InvalidData`).
     pub async fn exchange(&mut self, request: &[u8]) -> io::Result<Head> {
         self.stream.write_all(request).await?;
+        // A TLS stream may hold the last record back until flushed; a
+        // TcpStream's flush does nothing.
+        self.stream.flush().await?;
         self.read_response().await
     }
 
@@ -81,15 +109,11 @@ impl RawConn {
     /// As [`RawConn::exchange`].
     pub async fn exchange_body(&mut self, request: &[u8]) -> io::Result<(Head, Vec<u8>)> {
         self.stream.write_all(request).await?;
+        self.stream.flush().await?;
         let (head, head_end, length) = self.read_whole().await?;
         let body = self.buf[head_end..head_end + length].to_vec();
         self.buf.drain(..head_end + length);
         Ok((head, body))
-    }
-
-    /// The stream, for keeping the connection open without using it.
-    pub fn into_stream(self) -> TcpStream {
-        self.stream
     }
 
     async fn read_response(&mut self) -> io::Result<Head> {
@@ -233,6 +257,112 @@ pub async fn closed_loop(
                 let request = &requests[next % requests.len()];
                 next += 1;
                 let sent = Instant::now();
+                match tokio::time::timeout_at(
+                    deadline + Duration::from_secs(5),
+                    current.exchange(request),
+                )
+                .await
+                {
+                    Ok(Ok(head)) => {
+                        report::record(&mut result.latency_us, sent.elapsed());
+                        if head.status == expected {
+                            result.ok += 1;
+                        } else {
+                            result.unexpected += 1;
+                        }
+                        if !head.close {
+                            conn = Some(current);
+                        }
+                    }
+                    Ok(Err(_)) | Err(_) => result.errors += 1,
+                }
+            }
+            result
+        });
+    }
+    let mut total = LoopResult {
+        ok: 0,
+        unexpected: 0,
+        errors: 0,
+        elapsed: Duration::ZERO,
+        latency_us: report::histogram(),
+    };
+    while let Some(done) = tasks.join_next().await {
+        if let Ok(part) = done {
+            total.ok += part.ok;
+            total.unexpected += part.unexpected;
+            total.errors += part.errors;
+            let _ = total.latency_us.add(&part.latency_us);
+        }
+    }
+    total.elapsed = started.elapsed();
+    total
+}
+
+/// What [`closed_loop_with`] measures a request's latency from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Latency {
+    /// The request's first byte sent, as [`closed_loop`] does.
+    FromSend,
+    /// The connect (and any handshake) when the request needs a new
+    /// connection: what a client that opens one per request waits.
+    FromConnect,
+}
+
+/// [`closed_loop`] over connections that `connect` opens (plain TCP, or TLS
+/// with its handshake), a new one whenever the server closed the last, with
+/// latency taken as `latency` says. `result.errors` counts failed connects
+/// and exchanges alike.
+pub async fn closed_loop_with<S, C, F>(
+    connect: C,
+    requests: Arc<Vec<Vec<u8>>>,
+    expected: u16,
+    connections: usize,
+    duration: Duration,
+    latency: Latency,
+) -> LoopResult
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    C: Fn() -> F + Clone + Send + 'static,
+    F: Future<Output = io::Result<RawConn<S>>> + Send,
+{
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = JoinSet::new();
+    for c in 0..connections {
+        let requests = Arc::clone(&requests);
+        let connect = connect.clone();
+        tasks.spawn(async move {
+            let mut result = LoopResult {
+                ok: 0,
+                unexpected: 0,
+                errors: 0,
+                elapsed: Duration::ZERO,
+                latency_us: report::histogram(),
+            };
+            let mut next = c * 7919;
+            let mut conn: Option<RawConn<S>> = None;
+            while Instant::now() < deadline && result.errors < 1000 {
+                let mut sent = Instant::now();
+                let connected = match conn.take() {
+                    Some(current) => Ok(current),
+                    None => tokio::time::timeout_at(deadline + Duration::from_secs(5), connect())
+                        .await
+                        .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into())),
+                };
+                let mut current = match connected {
+                    Ok(current) => current,
+                    Err(_) => {
+                        result.errors += 1;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let request = &requests[next % requests.len()];
+                next += 1;
+                if latency == Latency::FromSend {
+                    sent = Instant::now();
+                }
                 match tokio::time::timeout_at(
                     deadline + Duration::from_secs(5),
                     current.exchange(request),

@@ -1,6 +1,6 @@
 //! One server as a child process: started on `127.0.0.1:0`, its address
-//! read from its `listening on http://ADDR` log line, its output kept in a
-//! log file, signalled and waited for with a bound. Dropping a [`Replica`]
+//! read from its `listening on http://ADDR` (or `https://ADDR`) log line,
+//! its output kept in a log file, signalled and waited for with a bound. Dropping a [`Replica`]
 //! kills the process.
 
 use std::ffi::OsString;
@@ -173,12 +173,26 @@ impl Replica {
     /// # Errors
     /// If it is not ready within `timeout`.
     pub async fn wait_ready(&self, path: &str, timeout: Duration) -> anyhow::Result<Duration> {
+        self.wait_ready_at(self.addr, path, timeout).await
+    }
+
+    /// [`Replica::wait_ready`] on another of its plain-HTTP listeners (the
+    /// admin listener of a server whose public one speaks TLS).
+    ///
+    /// # Errors
+    /// If it is not ready within `timeout`.
+    pub async fn wait_ready_at(
+        &self,
+        addr: SocketAddr,
+        path: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<Duration> {
         let request = raw::get(path);
         let deadline = Instant::now() + timeout;
         let mut conn: Option<RawConn> = None;
         while Instant::now() < deadline {
             if conn.is_none() {
-                conn = RawConn::connect(self.addr).await.ok();
+                conn = RawConn::connect(addr).await.ok();
             }
             if let Some(mut current) = conn.take() {
                 if let Ok(Ok(head)) =
@@ -195,9 +209,8 @@ impl Replica {
             tokio::time::sleep(READY_POLL).await;
         }
         bail!(
-            "{} at {} not ready within {timeout:?} (see {})",
+            "{} at {addr} not ready within {timeout:?} (see {})",
             self.name,
-            self.addr,
             self.log.display()
         )
     }
@@ -229,6 +242,12 @@ impl Replica {
         }
     }
 
+    /// CPU time (user + system, every thread's, finished ones included)
+    /// the process has used, from `/proc/PID/stat`.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        cpu_time(&self.pid.to_string())
+    }
+
     /// Resident set size in KiB, from `/proc/PID/status`.
     pub fn rss_kib(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
@@ -240,6 +259,20 @@ impl Replica {
             .parse()
             .ok()
     }
+}
+
+/// CPU time (user + system) of process `pid` (`self` for this one), from
+/// `/proc/PID/stat`, in the kernel's clock ticks of 10 ms (`USER_HZ` is 100
+/// on Linux whatever the kernel's own tick).
+pub fn cpu_time(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name, which may hold spaces: state, then fields 4
+    // onwards; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 10))
 }
 
 async fn forward_lines(output: impl AsyncRead + Unpin, lines: mpsc::UnboundedSender<String>) {
@@ -273,9 +306,13 @@ async fn write_log(
     let _ = file.flush().await;
 }
 
-/// The address in a `listening on http://ADDR` log line.
+/// The address in a `listening on http://ADDR` (or `https://ADDR`, a TLS
+/// listener) log line.
 fn listening_addr(line: &str) -> Option<SocketAddr> {
-    let rest = line.split("listening on http://").nth(1)?;
+    let rest = line.split("listening on ").nth(1)?;
+    let rest = rest
+        .strip_prefix("http://")
+        .or_else(|| rest.strip_prefix("https://"))?;
     rest.split(|c: char| c.is_whitespace() || c == '"')
         .next()?
         .parse()
@@ -298,6 +335,19 @@ mod tests {
             listening_addr(json),
             Some(SocketAddr::from(([127, 0, 0, 1], 4243)))
         );
+        let tls = "2025-01-01T00:00:00Z  INFO lameduck_lifecycle::serve: listening on https://127.0.0.1:4244";
+        assert_eq!(
+            listening_addr(tls),
+            Some(SocketAddr::from(([127, 0, 0, 1], 4244)))
+        );
+        assert_eq!(listening_addr("listening on unix:/run/x.sock"), None);
         assert_eq!(listening_addr("nothing here"), None);
+    }
+
+    #[test]
+    fn cpu_time_is_read_from_proc() {
+        let spent = cpu_time("self").expect("/proc/self/stat");
+        assert!(spent < Duration::from_secs(3600), "{spent:?}");
+        assert_eq!(cpu_time("0"), None);
     }
 }

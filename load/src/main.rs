@@ -29,7 +29,8 @@ struct Cli {
 enum Command {
     /// Scenario 1: roll replicas behind HAProxy under constant load.
     Rollout(rollout::Options),
-    /// Scenario 2: throughput, hit counting, shutdown latency and memory.
+    /// Scenario 2: throughput, hit counting, TLS, shutdown latency and
+    /// memory.
     Bench(bench::Options),
     /// Many idle connections and sustained load past the concurrency limit,
     /// then SIGTERM (not in CI).

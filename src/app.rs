@@ -217,7 +217,7 @@ impl App {
             }
             None => None,
         };
-        let owns_inherited = inherited.from_upgrade;
+        let owns_inherited = inherited.owned;
         let mut socket_files = Vec::new();
         let bind = |addr: &ListenAddr, inherited: Option<Inherited>| {
             let owned = inherited.is_none() || owns_inherited;

@@ -13,7 +13,7 @@ use std::error::Error as _;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -25,15 +25,12 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper::header::{CONNECTION, HOST};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use nix::errno::Errno;
-use nix::sys::signal::{kill, killpg, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
 use support::binary::{
-    connect, create_link, get, pass_listeners, read_pid, read_response, server_command, Process,
-    BINARY,
+    connect, create_link, get, pass_listeners, read_pid, read_response, server_command, Lineage,
+    Process, BINARY,
 };
 
 /// Generous bound on anything that should take well under a second: a log
@@ -41,14 +38,8 @@ use support::binary::{
 /// failure.
 const PATIENCE: Duration = Duration::from_secs(15);
 
-/// How often the wait loops poll.
-const POLL_INTERVAL: Duration = Duration::from_millis(5);
-
 /// `--admin-listen` for a process whose admin port does not matter.
 const ANY_PORT: &str = "127.0.0.1:0";
-
-/// What the server logs once it serves, followed by its address.
-const LISTENING: &str = "listening on http://";
 
 /// What the server logs when it serves a socket it was given.
 const INHERITED: &str = "serving an inherited listening socket";
@@ -296,95 +287,6 @@ fn log_excerpt(server: &Process) -> String {
         .filter(|line| wanted.iter().any(|word| line.contains(word)))
         .collect();
     lines.join("\n")
-}
-
-/// A server and the successors of its in-place upgrades, one process group.
-/// Dropped before [`Lineage::stop`], the whole group is killed.
-struct Lineage {
-    /// The process the test started; every successor logs to its pipes.
-    first: Process,
-    /// The process serving now: the pid its pid file names.
-    current: Pid,
-    pid_file: PathBuf,
-    stopped: bool,
-}
-
-impl Lineage {
-    fn start(first: Process, pid_file: PathBuf) -> Lineage {
-        let current = first.pid();
-        first.expect_log(LISTENING, PATIENCE);
-        assert_eq!(read_pid(&pid_file), Some(current), "{}", first.log_text());
-        Lineage {
-            first,
-            current,
-            pid_file,
-            stopped: false,
-        }
-    }
-
-    /// SIGHUP to the current process; returns once the pid file names its
-    /// successor and the old process has exited with code 0.
-    fn upgrade(&mut self) {
-        let old = self.current;
-        kill(old, Signal::SIGHUP).expect("send SIGHUP");
-        let deadline = Instant::now() + PATIENCE;
-        let new = loop {
-            match read_pid(&self.pid_file) {
-                Some(pid) if pid != old => break pid,
-                _ if Instant::now() < deadline => thread::sleep(POLL_INTERVAL),
-                other => panic!(
-                    "no successor of {old} after {PATIENCE:?} (pid file: {other:?}):\n{}",
-                    self.first.log_text()
-                ),
-            }
-        };
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert_eq!(self.exit_code(old, left), 0, "{}", self.first.log_text());
-        self.current = new;
-    }
-
-    /// SIGTERM to the current process; its exit code.
-    fn stop(&mut self) -> i32 {
-        kill(self.current, Signal::SIGTERM).expect("send SIGTERM");
-        let code = self.exit_code(self.current, PATIENCE);
-        self.stopped = true;
-        code
-    }
-
-    /// Waits for `pid` (the first process, or a successor re-parented to
-    /// this subreaper) to exit; its exit code.
-    fn exit_code(&mut self, pid: Pid, timeout: Duration) -> i32 {
-        if pid == self.first.pid() {
-            return self.first.exit_code(timeout);
-        }
-        let deadline = Instant::now() + timeout;
-        loop {
-            match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(_, code)) => return code,
-                Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
-                    thread::sleep(POLL_INTERVAL);
-                }
-                other => panic!(
-                    "process {pid} did not exit with a code within {timeout:?} ({other:?}):\n{}",
-                    self.first.log_text()
-                ),
-            }
-        }
-    }
-}
-
-impl Drop for Lineage {
-    fn drop(&mut self) {
-        if !self.stopped {
-            let _ = killpg(self.first.pid(), Signal::SIGKILL);
-            for _ in 0..100 {
-                match waitpid(Pid::from_raw(-self.first.pid().as_raw()), None) {
-                    Ok(_) | Err(Errno::EINTR) => {}
-                    Err(_) => break,
-                }
-            }
-        }
-    }
 }
 
 // === traffic ===

@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
-use support::binary::{read_response, request, run, LameduckProcess, LINK, LINK_SPLIT};
+use support::binary::{
+    read_response, request, run, server_command, LameduckProcess, Lineage, Process, BINARY, LINK,
+    LINK_SPLIT,
+};
 use support::tls::{write_pair, SecretVolume, TestCa};
 
 /// Bound on anything that should take well under a second, and on a
@@ -416,4 +419,44 @@ fn h2_over_tls_is_served_and_told_to_go_away_at_the_signal() {
         .expect("the connection task")
         .expect("a clean h2 close");
     assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+}
+
+// The in-place upgrade passes the listening socket as over plain HTTP; the
+// successor loads the certificate itself (from the files as they are now)
+// and serves new handshakes, and the retiring process exits 0.
+#[test]
+fn an_upgrade_over_tls_hands_the_socket_over_and_the_successor_loads_the_certificate() {
+    nix::sys::prctl::set_child_subreaper(true).expect("become a child subreaper");
+    let dir = tempdir();
+    let ca = TestCa::new();
+    let leaf = ca.leaf(8001);
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    write_pair(&leaf, &cert, &key);
+    let pid_file = dir.path().join("lameduck.pid");
+    let mut command = server_command(Path::new(BINARY), "127.0.0.1:0");
+    command
+        .args(["--listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--pid-file")
+        .arg(&pid_file);
+    let mut lineage = Lineage::start(Process::spawn_group(&mut command), pid_file);
+    let addr = lineage.first.listening_addr();
+    let mut before = ca.connect(addr).expect("TLS");
+    assert_eq!(before.get("/healthz").expect("GET").status, 200);
+
+    lineage.upgrade();
+    let loads = lineage
+        .first
+        .logs()
+        .iter()
+        .filter(|line| line.contains("TLS certificate loaded") && line.contains(&leaf.serial))
+        .count();
+    assert_eq!(loads, 2, "{}", lineage.first.log_text());
+    let mut after = ca.connect(addr).expect("a handshake with the successor");
+    assert_eq!(after.get("/healthz").expect("GET").status, 200);
+    assert_eq!(lineage.stop(), 0, "{}", lineage.first.log_text());
 }

@@ -20,6 +20,7 @@ use std::net::TcpListener;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use command_fds::{CommandFdExt, FdMapping};
@@ -40,8 +41,18 @@ pub const UPGRADE_READY_TIMEOUT: Duration = Duration::from_secs(30);
 pub const UPGRADE_LAME_DUCK: Duration = Duration::from_millis(500);
 
 /// The name an in-place upgrade gives each socket it passes down
-/// (`LISTEN_FDNAMES`), so that the successor knows it owns them.
-const UPGRADE_FD_NAME: &str = "upgrade";
+/// (`LISTEN_FDNAMES`) when the process owns them, so that the successor
+/// knows it owns them in turn; [`MANAGED_FD_NAME`] when they came from a
+/// service manager, which keeps them.
+const OWNED_FD_NAME: &str = "upgrade";
+
+/// See [`OWNED_FD_NAME`].
+const MANAGED_FD_NAME: &str = "managed";
+
+/// Whether this process owns its listening sockets: it bound them, or an
+/// upgrade handed it sockets its predecessor owned. Set by
+/// [`inherited_listeners`]; passed on by the upgrade.
+static SOCKETS_OWNED: AtomicBool = AtomicBool::new(true);
 
 /// The listening sockets of one process: the public one, and the admin one
 /// (probes and metrics) that follows the same handoffs.
@@ -51,10 +62,11 @@ pub struct Listeners {
     pub public: Option<Inherited>,
     /// The admin socket: fd 4, when passed.
     pub admin: Option<Inherited>,
-    /// They come from a predecessor's in-place upgrade, not from a service
-    /// manager: this process owns them (a Unix socket's file is then its
-    /// to remove at exit).
-    pub from_upgrade: bool,
+    /// They were bound by this service (and handed down by in-place
+    /// upgrades), not by a service manager: this process owns them, and a
+    /// Unix socket's file is its to remove at exit. `true` when nothing
+    /// was inherited.
+    pub owned: bool,
 }
 
 /// One inherited listening socket.
@@ -84,10 +96,14 @@ pub fn inherited_listeners() -> io::Result<Listeners> {
             Err(_) => Ok(fds.take_unix_listener(index)?.map(Inherited::Unix)),
         }
     };
+    let (public, admin) = (take(0)?, take(1)?);
+    let given = public.is_some() || admin.is_some();
+    let owned = !given || names.split(':').next() == Some(OWNED_FD_NAME);
+    SOCKETS_OWNED.store(owned, Ordering::Relaxed);
     Ok(Listeners {
-        public: take(0)?,
-        admin: take(1)?,
-        from_upgrade: names.split(':').next() == Some(UPGRADE_FD_NAME),
+        public,
+        admin,
+        owned,
     })
 }
 
@@ -178,14 +194,17 @@ async fn upgrade(sockets: &[OwnedFd], successor: &Successor) -> io::Result<u32> 
             child_fd,
         });
     }
+    let owned = SOCKETS_OWNED.load(Ordering::Relaxed);
+    let name = if owned {
+        OWNED_FD_NAME
+    } else {
+        MANAGED_FD_NAME
+    };
     let mut command = tokio::process::Command::new(&successor.exe);
     command
         .args(&successor.args)
         .env("LISTEN_FDS", mappings.len().to_string())
-        .env(
-            "LISTEN_FDNAMES",
-            vec![UPGRADE_FD_NAME; mappings.len()].join(":"),
-        )
+        .env("LISTEN_FDNAMES", vec![name; mappings.len()].join(":"))
         .env_remove("LISTEN_PID")
         .env("NOTIFY_SOCKET", &notify_path)
         .fd_mappings(mappings)

@@ -26,11 +26,10 @@ use hyper::header::{CONNECTION, HOST};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 use nix::sys::signal::Signal;
-use tempfile::TempDir;
 
 use support::binary::{
-    connect, create_link, get, pass_listeners, read_pid, read_response, server_command, Lineage,
-    Process, BINARY,
+    connect, create_link, get, pass_listeners, read_pid, read_response, server_command, tempdir,
+    Lineage, Process, BINARY,
 };
 
 /// Generous bound on anything that should take well under a second: a log
@@ -269,13 +268,6 @@ fn an_upgrade_to_a_binary_that_fails_at_startup_leaves_the_old_process_serving()
 }
 
 // === processes ===
-
-fn tempdir(prefix: &str) -> TempDir {
-    tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir()
-        .expect("a temporary directory")
-}
 
 /// Warnings, errors and shutdown summaries: the logs of fifty processes in
 /// a few lines each.

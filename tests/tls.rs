@@ -6,31 +6,22 @@
 
 mod support;
 
-use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use tempfile::TempDir;
 
 use support::binary::{
-    read_response, request, run, server_command, LameduckProcess, Lineage, Process, BINARY, LINK,
-    LINK_SPLIT,
+    begin_slow_post, finish_slow_post, read_response, request, run, server_command, tempdir,
+    LameduckProcess, Lineage, Process, BINARY, LINK,
 };
 use support::tls::{write_pair, SecretVolume, TestCa};
 
 /// Bound on anything that should take well under a second, and on a
 /// certificate reload (polled every second). Reaching it is a failure.
 const PATIENCE: Duration = Duration::from_secs(15);
-
-fn tempdir() -> TempDir {
-    tempfile::Builder::new()
-        .prefix("lameduck-tls-")
-        .tempdir()
-        .expect("a temporary directory")
-}
 
 /// `lameduck server --tls-cert CERT --tls-key KEY ARGS`.
 fn start_tls(cert: &Path, key: &Path, args: &[&str]) -> LameduckProcess {
@@ -79,7 +70,7 @@ fn curl(args: &[&str]) -> String {
 // and the chain verified. A clean SIGTERM still exits 0.
 #[test]
 fn curl_and_openssl_speak_tls_with_alpn_to_the_real_binary() {
-    let dir = tempdir();
+    let dir = tempdir("lameduck-tls-");
     let ca = TestCa::new();
     let leaf = ca.leaf(1001);
     let (cert, key, ca_file) = (
@@ -149,7 +140,7 @@ fn curl_and_openssl_speak_tls_with_alpn_to_the_real_binary() {
 // the swap keeps its certificate and finishes the request it had begun.
 #[test]
 fn a_secret_volume_update_reaches_new_connections_while_an_old_one_finishes() {
-    let dir = tempdir();
+    let dir = tempdir("lameduck-tls-");
     let ca = TestCa::new();
     let (first, second) = (ca.leaf(2001), ca.leaf(2002));
     let mut volume = SecretVolume::new(dir.path(), &first);
@@ -158,15 +149,7 @@ fn a_secret_volume_update_reaches_new_connections_while_an_old_one_finishes() {
 
     let mut old = ca.connect(addr).expect("TLS connection");
     assert_eq!(old.serial(), first.serial);
-    write!(
-        old.stream,
-        "POST /api/links HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{}",
-        LINK.len(),
-        &LINK[..LINK_SPLIT]
-    )
-    .expect("send the request head");
-    old.stream.flush().expect("flush");
+    begin_slow_post(&mut old.stream, LINK);
     server.wait_in_flight(1);
 
     volume.update(&second);
@@ -178,10 +161,7 @@ fn a_secret_volume_update_reaches_new_connections_while_an_old_one_finishes() {
     let reloaded = server.expect_log("TLS certificate reloaded", PATIENCE);
     assert!(reloaded.contains(&second.serial), "{reloaded}");
 
-    old.stream
-        .write_all(&LINK.as_bytes()[LINK_SPLIT..])
-        .expect("send the rest of the body");
-    old.stream.flush().expect("flush");
+    finish_slow_post(&mut old.stream);
     let response = read_response(&mut old.stream).expect("the old connection's answer");
     assert_eq!(response.status, 201, "{response:?}");
     assert_eq!(old.serial(), first.serial);
@@ -201,7 +181,7 @@ fn a_secret_volume_update_reaches_new_connections_while_an_old_one_finishes() {
 // is then taken.
 #[test]
 fn a_bad_pair_is_refused_and_the_old_certificate_keeps_serving() {
-    let dir = tempdir();
+    let dir = tempdir("lameduck-tls-");
     let ca = TestCa::new();
     let (first, other, third) = (ca.leaf(3001), ca.leaf(3002), ca.leaf(3003));
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
@@ -241,7 +221,7 @@ fn a_bad_pair_is_refused_and_the_old_certificate_keeps_serving() {
 // 2 and one line naming the file and the problem.
 #[test]
 fn an_unusable_certificate_or_key_at_startup_is_exit_2_naming_the_file() {
-    let dir = tempdir();
+    let dir = tempdir("lameduck-tls-");
     let ca = TestCa::new();
     let (leaf, other) = (ca.leaf(4001), ca.leaf(4002));
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
@@ -293,7 +273,7 @@ fn an_unusable_certificate_or_key_at_startup_is_exit_2_naming_the_file() {
 // deadline closes them.
 #[test]
 fn clients_that_never_say_hello_do_not_keep_a_normal_client_out() {
-    let dir = tempdir();
+    let dir = tempdir("lameduck-tls-");
     let ca = TestCa::new();
     let leaf = ca.leaf(5001);
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
@@ -331,7 +311,7 @@ fn clients_that_never_say_hello_do_not_keep_a_normal_client_out() {
 // closed with `close_notify`, and the process exits 0.
 #[test]
 fn sigterm_answers_tls_requests_in_flight_and_closes_idle_ones_with_close_notify() {
-    let dir = tempdir();
+    let dir = tempdir("lameduck-tls-");
     let ca = TestCa::new();
     let leaf = ca.leaf(6001);
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
@@ -342,15 +322,7 @@ fn sigterm_answers_tls_requests_in_flight_and_closes_idle_ones_with_close_notify
     let mut idle = ca.connect(addr).expect("TLS");
     assert_eq!(idle.get("/healthz").expect("GET").status, 200);
     let mut busy = ca.connect(addr).expect("TLS");
-    write!(
-        busy.stream,
-        "POST /api/links HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{}",
-        LINK.len(),
-        &LINK[..LINK_SPLIT]
-    )
-    .expect("send the request head");
-    busy.stream.flush().expect("flush");
+    begin_slow_post(&mut busy.stream, LINK);
     server.wait_in_flight(1);
 
     server.signal(Signal::SIGTERM);
@@ -360,10 +332,7 @@ fn sigterm_answers_tls_requests_in_flight_and_closes_idle_ones_with_close_notify
             .expect("the idle connection closes"),
         "an idle TLS connection was closed without close_notify"
     );
-    busy.stream
-        .write_all(&LINK.as_bytes()[LINK_SPLIT..])
-        .expect("send the rest");
-    busy.stream.flush().expect("flush");
+    finish_slow_post(&mut busy.stream);
     let response = read_response(&mut busy.stream).expect("the answer");
     assert_eq!(response.status, 201, "{response:?}");
     assert!(response.closes_connection(), "{response:?}");
@@ -374,7 +343,7 @@ fn sigterm_answers_tls_requests_in_flight_and_closes_idle_ones_with_close_notify
 // connection ends by itself and the process exits 0.
 #[test]
 fn h2_over_tls_is_served_and_told_to_go_away_at_the_signal() {
-    let dir = tempdir();
+    let dir = tempdir("lameduck-tls-");
     let ca = TestCa::new();
     let leaf = ca.leaf(7001);
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
@@ -427,7 +396,7 @@ fn h2_over_tls_is_served_and_told_to_go_away_at_the_signal() {
 #[test]
 fn an_upgrade_over_tls_hands_the_socket_over_and_the_successor_loads_the_certificate() {
     nix::sys::prctl::set_child_subreaper(true).expect("become a child subreaper");
-    let dir = tempdir();
+    let dir = tempdir("lameduck-tls-");
     let ca = TestCa::new();
     let leaf = ca.leaf(8001);
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));

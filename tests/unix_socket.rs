@@ -14,23 +14,15 @@ use std::process::Command;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use tempfile::TempDir;
 
 use support::binary::{
-    pass_listeners, read_response, server_command, Lineage, Process, RawResponse, BINARY,
-    IO_TIMEOUT, LINK, LINK_SPLIT,
+    begin_slow_post, finish_slow_post, pass_listeners, read_response, server_command, tempdir,
+    Lineage, Process, RawResponse, BINARY, IO_TIMEOUT, LINK,
 };
 
 /// Bound on anything that should take well under a second. Reaching it is
 /// a failure.
 const PATIENCE: Duration = Duration::from_secs(15);
-
-fn tempdir() -> TempDir {
-    tempfile::Builder::new()
-        .prefix("lameduck-unix-")
-        .tempdir()
-        .expect("a temporary directory")
-}
 
 /// `lameduck server --listen unix:PUBLIC --admin-listen ADMIN --data-dir
 /// DIR/data ARGS`, in a process group of its own, once it listens.
@@ -89,7 +81,7 @@ fn mode(path: &Path) -> u32 {
 // removes both files.
 #[test]
 fn a_unix_socket_serves_the_whole_timeline_and_is_removed_at_exit() {
-    let dir = tempdir();
+    let dir = tempdir("lameduck-unix-");
     let (public, admin) = (dir.path().join("http.sock"), dir.path().join("admin.sock"));
     let admin_arg = format!("unix:{}", admin.display());
     let mut server = start(
@@ -111,19 +103,11 @@ fn a_unix_socket_serves_the_whole_timeline_and_is_removed_at_exit() {
     assert_eq!(healthcheck(&admin), 0);
 
     let mut busy = connect(&public);
-    write!(
-        busy,
-        "POST /api/links HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{}",
-        LINK.len(),
-        &LINK[..LINK_SPLIT]
-    )
-    .expect("send the request head");
+    begin_slow_post(&mut busy, LINK);
     server.signal(Signal::SIGTERM);
     server.expect_log("shutdown started", PATIENCE);
     assert_eq!(healthcheck(&admin), 1, "not ready during the lame duck");
-    busy.write_all(&LINK.as_bytes()[LINK_SPLIT..])
-        .expect("send the rest");
+    finish_slow_post(&mut busy);
     let response = read_response(&mut busy).expect("the answer");
     assert_eq!(response.status, 201, "{response:?}");
     assert!(response.closes_connection(), "{response:?}");
@@ -138,7 +122,7 @@ fn a_unix_socket_serves_the_whole_timeline_and_is_removed_at_exit() {
 // the first keeps serving through its file.
 #[test]
 fn a_stale_socket_file_is_replaced_and_a_live_one_is_not() {
-    let dir = tempdir();
+    let dir = tempdir("lameduck-unix-");
     let public = dir.path().join("http.sock");
     drop(UnixListener::bind(&public).expect("bind"));
     assert!(
@@ -204,7 +188,7 @@ fn start_lineage(dir: &Path, public: &Path, given: Option<&UnixListener>) -> Lin
 #[test]
 fn an_upgrade_hands_the_socket_file_to_the_successor_which_removes_it_at_exit() {
     nix::sys::prctl::set_child_subreaper(true).expect("become a child subreaper");
-    let dir = tempdir();
+    let dir = tempdir("lameduck-unix-");
     let public = dir.path().join("http.sock");
     let mut lineage = start_lineage(dir.path(), &public, None);
     assert_eq!(get(&public, "/healthz").status, 200);
@@ -236,7 +220,7 @@ fn an_upgrade_hands_the_socket_file_to_the_successor_which_removes_it_at_exit() 
 #[test]
 fn a_socket_given_by_a_service_manager_is_served_and_left_in_place() {
     nix::sys::prctl::set_child_subreaper(true).expect("become a child subreaper");
-    let dir = tempdir();
+    let dir = tempdir("lameduck-unix-");
     let public: PathBuf = dir.path().join("activated.sock");
     let listener = UnixListener::bind(&public).expect("bind the socket unit's socket");
     // Connected before any server runs: waits in the backlog.

@@ -697,6 +697,15 @@ impl RawResponse {
     }
 }
 
+/// A fresh temporary directory whose name starts with `prefix`, removed
+/// when dropped.
+pub fn tempdir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("a temporary directory")
+}
+
 /// A complete, valid body for `POST /api/links`.
 pub const LINK: &str = r#"{"url":"https://example.com/x"}"#;
 
@@ -715,6 +724,14 @@ pub fn start_slow_post(addr: SocketAddr) -> TcpStream {
 /// [`LINK_SPLIT`] bytes).
 pub fn start_slow_post_of(addr: SocketAddr, body: &str) -> TcpStream {
     let mut stream = connect(addr);
+    begin_slow_post(&mut stream, body);
+    stream
+}
+
+/// Writes the head of `POST /api/links` and the first [`LINK_SPLIT`] bytes
+/// of `body` to any stream (TCP, TLS, a Unix socket): the handler then
+/// waits for the rest, which [`finish_slow_post_of`] sends.
+pub fn begin_slow_post(stream: &mut impl Write, body: &str) {
     write!(
         stream,
         "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n\
@@ -723,19 +740,20 @@ pub fn start_slow_post_of(addr: SocketAddr, body: &str) -> TcpStream {
         &body[..LINK_SPLIT]
     )
     .expect("send the request head");
-    stream
+    stream.flush().expect("flush the request head");
 }
 
 /// Sends the rest of the body [`start_slow_post`] began.
-pub fn finish_slow_post(stream: &mut TcpStream) {
+pub fn finish_slow_post(stream: &mut impl Write) {
     finish_slow_post_of(stream, LINK);
 }
 
-/// Sends the rest of the `body` [`start_slow_post_of`] began.
-pub fn finish_slow_post_of(stream: &mut TcpStream, body: &str) {
+/// Sends the rest of the `body` [`begin_slow_post`] began.
+pub fn finish_slow_post_of(stream: &mut impl Write, body: &str) {
     stream
         .write_all(&body.as_bytes()[LINK_SPLIT..])
         .expect("send the rest of the body");
+    stream.flush().expect("flush the body");
 }
 
 /// Sends `method path` with a JSON `body` (or none) on a new connection

@@ -202,6 +202,17 @@ pub struct LoopResult {
 }
 
 impl LoopResult {
+    /// Nothing counted yet.
+    fn empty() -> Self {
+        LoopResult {
+            ok: 0,
+            unexpected: 0,
+            errors: 0,
+            elapsed: Duration::ZERO,
+            latency_us: report::histogram(),
+        }
+    }
+
     /// Expected responses per second.
     pub fn throughput(&self) -> f64 {
         #[allow(clippy::cast_precision_loss)]
@@ -227,76 +238,16 @@ pub async fn closed_loop(
     connections: usize,
     duration: Duration,
 ) -> LoopResult {
-    let started = Instant::now();
-    let deadline = started + duration;
-    let mut tasks = JoinSet::new();
-    for c in 0..connections {
-        let requests = Arc::clone(&requests);
-        tasks.spawn(async move {
-            let mut result = LoopResult {
-                ok: 0,
-                unexpected: 0,
-                errors: 0,
-                elapsed: Duration::ZERO,
-                latency_us: report::histogram(),
-            };
-            let mut next = c * 7919;
-            let mut conn: Option<RawConn> = None;
-            while Instant::now() < deadline && result.errors < 1000 {
-                let mut current = match conn.take() {
-                    Some(current) => current,
-                    None => match RawConn::connect(addr).await {
-                        Ok(current) => current,
-                        Err(_) => {
-                            result.errors += 1;
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            continue;
-                        }
-                    },
-                };
-                let request = &requests[next % requests.len()];
-                next += 1;
-                let sent = Instant::now();
-                match tokio::time::timeout_at(
-                    deadline + Duration::from_secs(5),
-                    current.exchange(request),
-                )
-                .await
-                {
-                    Ok(Ok(head)) => {
-                        report::record(&mut result.latency_us, sent.elapsed());
-                        if head.status == expected {
-                            result.ok += 1;
-                        } else {
-                            result.unexpected += 1;
-                        }
-                        if !head.close {
-                            conn = Some(current);
-                        }
-                    }
-                    Ok(Err(_)) | Err(_) => result.errors += 1,
-                }
-            }
-            result
-        });
-    }
-    let mut total = LoopResult {
-        ok: 0,
-        unexpected: 0,
-        errors: 0,
-        elapsed: Duration::ZERO,
-        latency_us: report::histogram(),
-    };
-    while let Some(done) = tasks.join_next().await {
-        if let Ok(part) = done {
-            total.ok += part.ok;
-            total.unexpected += part.unexpected;
-            total.errors += part.errors;
-            let _ = total.latency_us.add(&part.latency_us);
-        }
-    }
-    total.elapsed = started.elapsed();
-    total
+    let connect = move || RawConn::connect(addr);
+    closed_loop_with(
+        connect,
+        requests,
+        expected,
+        connections,
+        duration,
+        Latency::FromSend,
+    )
+    .await
 }
 
 /// What [`closed_loop_with`] measures a request's latency from.
@@ -333,13 +284,7 @@ where
         let requests = Arc::clone(&requests);
         let connect = connect.clone();
         tasks.spawn(async move {
-            let mut result = LoopResult {
-                ok: 0,
-                unexpected: 0,
-                errors: 0,
-                elapsed: Duration::ZERO,
-                latency_us: report::histogram(),
-            };
+            let mut result = LoopResult::empty();
             let mut next = c * 7919;
             let mut conn: Option<RawConn<S>> = None;
             while Instant::now() < deadline && result.errors < 1000 {
@@ -386,13 +331,7 @@ where
             result
         });
     }
-    let mut total = LoopResult {
-        ok: 0,
-        unexpected: 0,
-        errors: 0,
-        elapsed: Duration::ZERO,
-        latency_us: report::histogram(),
-    };
+    let mut total = LoopResult::empty();
     while let Some(done) = tasks.join_next().await {
         if let Ok(part) = done {
             total.ok += part.ok;

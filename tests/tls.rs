@@ -133,6 +133,55 @@ fn curl_and_openssl_speak_tls_with_alpn_to_the_real_binary() {
     assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
 }
 
+// Gap: plain HTTP sent to the TLS port got a TLS alert, which curl shows
+// as "HTTP/0.9 when not allowed" and a browser as garbage. It is a client
+// that misbehaves like any other: a 400 with a JSON body saying what went
+// wrong, the connection closed cleanly, and TLS clients served meanwhile.
+#[test]
+fn plain_http_on_the_tls_port_is_answered_400_in_json() {
+    let dir = tempdir("lameduck-tls-");
+    let ca = TestCa::new();
+    let leaf = ca.leaf(1501);
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    write_pair(&leaf, &cert, &key);
+    let mut server = start_tls(&cert, &key, &[]);
+    let addr = server.addr();
+
+    let response = request(addr, "POST", "/api/links", Some(LINK)).expect("a plain answer");
+    assert_eq!(response.status, 400, "{response:?}");
+    assert!(response.closes_connection(), "{response:?}");
+    assert_eq!(
+        response.header("content-type"),
+        Some("application/json"),
+        "{response:?}"
+    );
+    let error = response.json()["error"].as_str().map(str::to_owned);
+    assert!(
+        error.as_deref().is_some_and(|e| e.contains("HTTPS")),
+        "{response:?}"
+    );
+
+    let out = curl(&[
+        "--output",
+        "/dev/null",
+        "--write-out",
+        "%{http_code}",
+        &format!("http://{addr}/healthz"),
+    ]);
+    assert_eq!(out, "400", "curl over plain HTTP");
+
+    let mut client = ca.connect(addr).expect("TLS still works");
+    assert_eq!(client.get("/healthz").expect("GET").status, 200);
+    drop(client);
+    assert!(
+        !server.log_text().contains("ERROR"),
+        "{}",
+        server.log_text()
+    );
+    server.signal(Signal::SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+}
+
 // Gap: reload the way Kubernetes updates a mounted Secret. The kubelet
 // never rewrites `tls.crt`: it writes a new directory and swaps the
 // `..data` symlink that `tls.crt` points through. A new connection gets the

@@ -239,7 +239,7 @@ impl TlsAcceptor {
     where
         Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     {
-        Handshake::Handshaking(Box::new(self.acceptor.accept(io)))
+        Handshake::new(io, self.acceptor.clone())
     }
 }
 

@@ -4,6 +4,10 @@
 
 use std::process::ExitCode;
 
+/// lameduck's allocator, so that the comparison prices what it is for.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     match load::baseline::server_config() {
         Ok(config) => load::baseline::run(load::baseline::plain_axum(config)),

@@ -15,9 +15,8 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Body as _;
@@ -34,42 +33,36 @@ pub struct BodyReading {
     pub timeout: Duration,
 }
 
-/// Middleware: reads the request body in full, within
-/// [`BodyReading::timeout`] and up to [`BodyReading::max_bytes`], then
-/// hands the request on with the body in memory.
+/// Reads the request body in full, within [`BodyReading::timeout`] and up
+/// to [`BodyReading::max_bytes`], and gives the request back with the body
+/// in memory.
 ///
 /// Answers 408 (JSON body, `Connection: close`) when the body does not
 /// arrive in time, 413 when it is larger than the limit, and 400 when the
 /// client breaks the body off (a malformed chunk, a reset).
-pub async fn read_first(
-    State(reading): State<BodyReading>,
-    request: Request,
-    next: Next,
-) -> Response {
+pub async fn read_first(request: Request, reading: BodyReading) -> Result<Request, Response> {
     if request.body().is_end_stream() {
         // No body (a redirect, a read): nothing to wait for.
-        return next.run(request).await;
+        return Ok(request);
     }
     let (parts, body) = request.into_parts();
     let limited = Limited::new(body, reading.max_bytes);
     match tokio::time::timeout(reading.timeout, limited.collect()).await {
-        Ok(Ok(collected)) => {
-            let request = Request::from_parts(parts, Body::from(collected.to_bytes()));
-            next.run(request).await
-        }
+        Ok(Ok(collected)) => Ok(Request::from_parts(parts, Body::from(collected.to_bytes()))),
         Ok(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => {
-            ApiError::Rejected {
+            Err(ApiError::Rejected {
                 status: StatusCode::PAYLOAD_TOO_LARGE,
                 message: format!(
                     "request body is larger than the limit of {} bytes",
                     reading.max_bytes
                 ),
             }
-            .into_response()
+            .into_response())
         }
-        Ok(Err(error)) => {
-            ApiError::BadRequest(format!("request body could not be read: {error}")).into_response()
-        }
+        Ok(Err(error)) => Err(ApiError::BadRequest(format!(
+            "request body could not be read: {error}"
+        ))
+        .into_response()),
         Err(_elapsed) => {
             let mut response = ApiError::Rejected {
                 status: StatusCode::REQUEST_TIMEOUT,
@@ -84,7 +77,7 @@ pub async fn read_first(
             response
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            response
+            Err(response)
         }
     }
 }

@@ -1,12 +1,12 @@
 //! `/metrics` in the Prometheus text format, and the middleware that counts
 //! and times every request by route and status class.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
-use axum::middleware::Next;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -59,40 +59,70 @@ impl HttpMetrics {
         );
     }
 
-    fn record(&self, route: String, status: u16, seconds: f64) {
+    /// Handles for `route`'s series, to resolve once and keep.
+    pub fn route(&self, route: &str) -> RouteMetrics {
+        RouteMetrics {
+            route: route.to_owned(),
+            by_class: Default::default(),
+        }
+    }
+
+    fn series(&self, route: &str, status: StatusCode) -> (Counter, Histogram) {
         let labels = RouteLabels {
-            route,
-            status: status_class(status),
+            route: route.to_owned(),
+            status: STATUS_CLASSES[class_index(status)],
         };
-        self.requests.get_or_create(&labels).inc();
-        self.latency.get_or_create(&labels).observe(seconds);
+        (
+            self.requests.get_or_create(&labels).clone(),
+            self.latency.get_or_create(&labels).clone(),
+        )
     }
 }
 
-fn status_class(status: u16) -> &'static str {
-    match status {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
+/// One route's request counter and latency histogram for each status
+/// class, each looked up in the families at its first use only: recording
+/// then takes no lock on a family, no hashing and no allocation.
+#[derive(Debug)]
+pub struct RouteMetrics {
+    route: String,
+    by_class: [OnceLock<(Counter, Histogram)>; 5],
+}
+
+impl RouteMetrics {
+    /// Counts a request to `route` answered `status` after `latency`.
+    /// `route` is the route these handles were made for; for another (a
+    /// service reached under two routes), the families are asked instead.
+    pub fn record(
+        &self,
+        route: &str,
+        metrics: &HttpMetrics,
+        status: StatusCode,
+        latency: Duration,
+    ) {
+        let seconds = latency.as_secs_f64();
+        if route != self.route {
+            let (requests, histogram) = metrics.series(route, status);
+            requests.inc();
+            histogram.observe(seconds);
+            return;
+        }
+        let (requests, histogram) =
+            self.by_class[class_index(status)].get_or_init(|| metrics.series(route, status));
+        requests.inc();
+        histogram.observe(seconds);
     }
 }
 
-/// Middleware: counts and times the request under its matched route.
-pub async fn track(State(metrics): State<HttpMetrics>, request: Request, next: Next) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
-    let started = Instant::now();
-    let response = next.run(request).await;
-    metrics.record(
-        route,
-        response.status().as_u16(),
-        started.elapsed().as_secs_f64(),
-    );
-    response
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+fn class_index(status: StatusCode) -> usize {
+    match status.as_u16() {
+        100..=199 => 0,
+        200..=299 => 1,
+        300..=399 => 2,
+        400..=499 => 3,
+        _ => 4,
+    }
 }
 
 /// `GET /metrics`: every registered series in the Prometheus text format.

@@ -1,23 +1,21 @@
-//! The production middleware around the router: limits that answer clearly,
-//! panics and timeouts turned into JSON errors, request ids and spans.
+//! The steps of the production middleware ([`super::stack`] and
+//! [`super::admission`] run them): the Host check, the announced body size,
+//! the answers to shed, panicking and failed requests, the request span.
 
 use std::any::Any;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::body::HttpBody as _;
-use axum::extract::{MatchedPath, Request, State};
-use axum::http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER};
-use axum::http::{HeaderValue, Response, StatusCode, Version};
-use axum::middleware::Next;
+use axum::extract::Request;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER};
+use axum::http::{HeaderValue, Method, Response, StatusCode, Version};
 use axum::response::IntoResponse;
-use axum::BoxError;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tracing::Span;
 
 use super::ApiError;
-use crate::lifecycle::RequestScope;
 
 /// Counters of requests the middleware answered itself.
 #[derive(Clone, Debug, Default)]
@@ -28,6 +26,11 @@ pub struct GuardMetrics {
 }
 
 impl GuardMetrics {
+    /// Counts a request that timed out.
+    pub fn timed_out(&self) {
+        self.timeouts.inc();
+    }
+
     /// Registers the series.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
@@ -48,38 +51,8 @@ impl GuardMetrics {
     }
 }
 
-/// State of the timeout middleware.
-#[derive(Clone, Debug)]
-pub struct Timeout {
-    /// The request timeout.
-    pub after: Duration,
-    /// Where timeouts are counted.
-    pub metrics: GuardMetrics,
-}
-
-/// Answers 503 if the response head is not ready within the request
-/// timeout, and fires the request's cancellation token so that work running
-/// on its behalf (a transaction on a tracked task) cleans up.
-pub async fn timeout(
-    State(timeout): State<Timeout>,
-    request: Request,
-    next: Next,
-) -> Response<Body> {
-    let scope = request.extensions().get::<RequestScope>().cloned();
-    match tokio::time::timeout(timeout.after, next.run(request)).await {
-        Ok(response) => response,
-        Err(_elapsed) => {
-            if let Some(scope) = scope {
-                scope.token().cancel();
-            }
-            timeout.metrics.timeouts.inc();
-            ApiError::Unavailable(format!("request timed out after {:?}", timeout.after))
-                .into_response()
-        }
-    }
-}
-
-/// Refuses with 400 a request that does not say, once and validly, which
+/// What is wrong with `request`'s host, if anything: the stack refuses
+/// with 400 a request that does not say, once and validly, which
 /// host it is for, as RFC 9112 §3.2 requires of a server: an HTTP/1.1
 /// request without a `Host` header, any request with more than one, or one
 /// whose value is not `host[:port]`. HTTP/1.0 may omit it. HTTP/2 names the
@@ -89,15 +62,7 @@ pub async fn timeout(
 /// hyper checks none of this, and a request without a host is how a
 /// confused proxy or a smuggled request looks; answering it would hide the
 /// fault.
-pub async fn require_host(request: Request, next: Next) -> Response<Body> {
-    match host_problem(&request) {
-        Some(problem) => ApiError::BadRequest(problem.to_owned()).into_response(),
-        None => next.run(request).await,
-    }
-}
-
-/// What is wrong with `request`'s host, if anything.
-fn host_problem<B>(request: &axum::http::Request<B>) -> Option<&'static str> {
+pub fn host_problem<B>(request: &axum::http::Request<B>) -> Option<&'static str> {
     let mut hosts = request.headers().get_all(HOST).iter();
     let host = hosts.next();
     if hosts.next().is_some() {
@@ -147,44 +112,11 @@ fn is_host_and_port(value: &[u8]) -> bool {
     host.iter().all(is_name_byte) && port.iter().all(u8::is_ascii_digit)
 }
 
-/// Refuses with 413 a request that announces a body larger than `limit`
-/// (its `Content-Length`, or the size its body reports), before any of the
-/// body is read.
-///
-/// The limit inside the handlers (axum's `DefaultBodyLimit`) acts only on
-/// bytes it has read: a client that announced 10 GB and sent nothing held
-/// its request until the request timeout, and one that sent `Expect:
-/// 100-continue` was told to go ahead. Answering before the body is polled
-/// means hyper never sends `100 Continue`; on HTTP/1 the answer says
-/// `Connection: close`, and hyper closes rather than read the unwanted
-/// body. A body of unannounced size (chunked HTTP/1.1, HTTP/2 without
-/// `content-length`) is still cut by `DefaultBodyLimit` as it passes the
-/// limit.
-pub async fn refuse_oversized_body(
-    State(limit): State<usize>,
-    request: Request,
-    next: Next,
-) -> Response<Body> {
-    let announced = announced_body_size(&request);
-    if announced > u64::try_from(limit).unwrap_or(u64::MAX) {
-        let mut response = ApiError::BodyTooLarge { announced, limit }.into_response();
-        if request.version() < Version::HTTP_2 {
-            // hyper closes the connection anyway rather than read the body
-            // it was never asked for; say so, as RFC 9112 §9.6 asks.
-            response
-                .headers_mut()
-                .insert(CONNECTION, HeaderValue::from_static("close"));
-        }
-        return response;
-    }
-    next.run(request).await
-}
-
 /// The largest body size `request` announces: every `Content-Length` value
 /// (hyper has already refused HTTP/1.1 requests whose values disagree or
 /// are not numbers), and the body's own lower bound, which hyper sets from
 /// the header on HTTP/1.1 and HTTP/2 alike.
-fn announced_body_size(request: &Request) -> u64 {
+pub fn announced_body_size(request: &Request) -> u64 {
     let declared = request
         .headers()
         .get_all(CONTENT_LENGTH)
@@ -199,18 +131,14 @@ fn announced_body_size(request: &Request) -> u64 {
 
 /// The answer to a request shed by the concurrency limit: 503 at once, with
 /// a hint to retry.
-pub fn shed(metrics: &GuardMetrics, error: &BoxError) -> Response<Body> {
-    if error.is::<tower::load_shed::error::Overloaded>() {
-        metrics.shed.inc();
-        let mut response = ApiError::Unavailable("server is at capacity; retry shortly".to_owned())
-            .into_response();
-        response
-            .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-        response
-    } else {
-        ApiError::Internal(format!("unexpected middleware error: {error}").into()).into_response()
-    }
+pub fn shed(metrics: &GuardMetrics) -> Response<Body> {
+    metrics.shed.inc();
+    let mut response =
+        ApiError::Unavailable("server is at capacity; retry shortly".to_owned()).into_response();
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    response
 }
 
 /// The answer to a panicking handler: 500 with a JSON body that says
@@ -225,11 +153,9 @@ pub fn panic_response(
     ApiError::Internal("handler panicked".into()).into_response()
 }
 
-/// Gives every error answer a JSON body: rejections from axum's extractors
-/// and tower's layers come as plain text; clients get `{"error": ...}`
-/// everywhere.
-pub async fn json_errors(request: Request, next: Next) -> Response<Body> {
-    let response = next.run(request).await;
+/// Gives an error answer a JSON body if it has none: rejections from axum's
+/// extractors come as plain text; clients get `{"error": ...}` everywhere.
+pub async fn json_error_body(response: Response<Body>) -> Response<Body> {
     let status = response.status();
     let is_json = response
         .headers()
@@ -254,21 +180,12 @@ pub async fn json_errors(request: Request, next: Next) -> Response<Body> {
 
 /// The span of one request: method, route template, request id; status and
 /// latency are recorded when the response head is ready.
-pub fn request_span(request: &Request) -> Span {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", MatchedPath::as_str);
-    let request_id = request
-        .headers()
-        .get("x-request-id")
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or("");
+pub fn request_span(method: &Method, route: &str, request_id: &HeaderValue) -> Span {
     tracing::info_span!(
         "request",
-        method = %request.method(),
+        method = method.as_str(),
         route,
-        request_id,
+        request_id = request_id.to_str().unwrap_or(""),
         status = tracing::field::Empty,
         latency_ms = tracing::field::Empty,
     )

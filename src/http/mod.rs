@@ -1,11 +1,12 @@
 //! The HTTP surface: the router, health and readiness, metrics, and the
 //! JSON error boundary.
 
+pub mod admission;
 pub mod body;
-
 pub mod lifecycle_metrics;
 pub mod metrics;
 pub mod middleware;
+pub mod stack;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -14,24 +15,17 @@ use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use std::time::Duration;
 
-use axum::error_handling::HandleErrorLayer;
-use axum::extract::DefaultBodyLimit;
-use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use axum::{BoxError, Json, Router};
+use axum::{Json, Router};
 use prometheus_client::registry::Registry;
 use serde_json::json;
-use tower::limit::GlobalConcurrencyLimitLayer;
-use tower::load_shed::LoadShedLayer;
-use tower::ServiceBuilder;
-use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
 
 pub use crate::error::ApiError;
+pub use admission::Admission;
 pub use metrics::HttpMetrics;
 pub use middleware::GuardMetrics;
+pub use stack::Stack;
 
 use crate::lifecycle::Watch;
 use crate::links;
@@ -126,78 +120,30 @@ pub fn operational_routes() -> Router<AppState> {
     probes().route("/metrics", get(metrics::render))
 }
 
-/// Puts API routes under the body limit and the shared concurrency limit
-/// (shedding past it).
-///
-/// A body announced larger than the limit is refused first, before it is
-/// read and before the request takes a slot under the concurrency limit;
-/// one of unannounced size is cut by `DefaultBodyLimit` as it is read.
+/// Puts API routes under [`Admission`]: an announced body over the limit
+/// refused before it is read, the body read before the request takes a
+/// slot under the shared concurrency limit, shedding past it.
 pub fn limited(api: Router<AppState>, state: &AppState, limits: HttpLimits) -> Router<AppState> {
-    let shed_metrics = state.guard_metrics.clone();
-    api.layer(DefaultBodyLimit::max(limits.max_body_bytes))
-        .layer(
-            ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(move |error: BoxError| {
-                    let metrics = shed_metrics.clone();
-                    async move { middleware::shed(&metrics, &error) }
-                }))
-                .layer(LoadShedLayer::new())
-                .layer(GlobalConcurrencyLimitLayer::new(
-                    limits.max_concurrent_requests,
-                )),
-        )
-        // Outside the concurrency limit: a slow body holds a connection,
-        // never a slot.
-        .layer(from_fn_with_state(
-            body::BodyReading {
-                max_bytes: limits.max_body_bytes,
-                timeout: limits.body_read_timeout,
-            },
-            body::read_first,
-        ))
-        // Outermost: an announced body over the limit is refused before
-        // any of it is read (no `100 Continue`).
-        .layer(from_fn_with_state(
-            limits.max_body_bytes,
-            middleware::refuse_oversized_body,
-        ))
+    api.layer(Admission::new(limits, state.guard_metrics.clone()))
 }
 
-/// Wraps `routes` in the middleware every request goes through: JSON 404
-/// and 405, request timeout, panic catching, JSON error bodies, the Host
-/// check, metrics, request ids and the request span.
+/// Wraps `routes` in the [`Stack`] every request goes through (request id,
+/// span, metrics, the Host check, JSON errors, panics, the request timeout)
+/// and JSON 404 and 405 fallbacks.
 ///
 /// The Host check applies to requests built in process too: a test that
 /// sends an HTTP/1.1 request (the default version of `Request::builder`)
 /// through this router must give it a `Host` header.
 pub fn with_middleware(routes: Router<AppState>, state: AppState, limits: HttpLimits) -> Router {
-    let panic_metrics = state.guard_metrics.clone();
-    let timeout = middleware::Timeout {
-        after: limits.request_timeout,
-        metrics: state.guard_metrics.clone(),
-    };
+    let stack = Stack::new(
+        state.http_metrics.clone(),
+        state.guard_metrics.clone(),
+        limits.request_timeout,
+    );
     routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        // Innermost first: each layer wraps everything above it.
-        .layer(from_fn_with_state(timeout, middleware::timeout))
-        .layer(CatchPanicLayer::custom(move |panic| {
-            middleware::panic_response(&panic_metrics, panic)
-        }))
-        .layer(from_fn(middleware::json_errors))
-        .layer(from_fn(middleware::require_host))
-        .layer(from_fn_with_state(
-            state.http_metrics.clone(),
-            metrics::track,
-        ))
-        .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(middleware::request_span)
-                .on_response(middleware::on_response)
-                .on_failure(()),
-        )
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(stack)
         .with_state(state)
 }
 

@@ -11,7 +11,7 @@ use prometheus_client::registry::Registry;
 
 use crate::config::ServerConfig;
 use crate::http::lifecycle_metrics::LifecycleCollector;
-use crate::http::{self, AppState, GuardMetrics, HttpMetrics, Startup};
+use crate::http::{self, AppState, GuardMetrics, HttpMetrics, Startup, StateParts};
 use crate::lifecycle::handoff::{Inherited, Listeners};
 use crate::lifecycle::{
     self, DrainReport, Lifecycle, StopReport, ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE, LOG_TARGET,
@@ -286,7 +286,7 @@ impl App {
         });
 
         let startup = Startup::default();
-        let state = AppState {
+        let state = AppState::new(StateParts {
             shutdown: lifecycle.watch().clone(),
             startup: startup.clone(),
             registry: Arc::new(registry),
@@ -296,7 +296,7 @@ impl App {
             hits: hits.clone(),
             links: LinkCache::default(),
             live: LiveHits::default(),
-        };
+        });
         let admin_router = http::admin_router(state.clone(), config.http_limits());
         let router = http::router(state, config.http_limits());
         startup.complete();

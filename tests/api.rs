@@ -12,7 +12,7 @@ use hyper::body::Bytes;
 use hyper::header::{HeaderValue, CONTENT_LENGTH, HOST, LOCATION};
 use hyper::service::Service as _;
 use hyper::{Request, StatusCode, Version};
-use lameduck::http::{self, AppState, GuardMetrics, HttpLimits, HttpMetrics, Startup};
+use lameduck::http::{self, AppState, GuardMetrics, HttpLimits, HttpMetrics, Startup, StateParts};
 use lameduck::lifecycle::{Scoped, Shutdown};
 use lameduck::links::cache::LinkCache;
 use lameduck::links::hits::HitCounter;
@@ -57,7 +57,7 @@ impl TestApp {
             .expect("storage");
         let startup = Startup::default();
         startup.complete();
-        let state = AppState {
+        let state = AppState::new(StateParts {
             shutdown: shutdown.watch().clone(),
             startup,
             registry: Arc::new(registry),
@@ -67,7 +67,7 @@ impl TestApp {
             hits: HitCounter::default(),
             links: LinkCache::default(),
             live: LiveHits::default(),
-        };
+        });
         let api = links::routes().route(
             "/api/boom",
             get(|| async {

@@ -61,19 +61,23 @@ impl Deferral {
     }
 }
 
-/// A span's values, kept until a line needs them.
+/// A span's values, kept until a line needs them: the text of every string
+/// value in one buffer, so that keeping a span's fields costs two
+/// allocations, not one per field.
 #[derive(Debug, Default)]
 struct Pending {
     values: Vec<(Field, Owned)>,
+    text: String,
 }
 
 /// A field's value, owned.
 #[derive(Debug)]
 enum Owned {
-    Str(String),
+    /// A string, at this range of [`Pending::text`].
+    Str(std::ops::Range<usize>),
     /// A `Debug` or `Display` value, formatted (it may borrow what the span
-    /// outlives).
-    Text(String),
+    /// outlives), at this range of [`Pending::text`].
+    Text(std::ops::Range<usize>),
     I64(i64),
     U64(u64),
     F64(f64),
@@ -82,11 +86,16 @@ enum Owned {
 
 impl Visit for Pending {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.set(field, Owned::Str(value.to_owned()));
+        let start = self.text.len();
+        self.text.push_str(value);
+        self.set(field, Owned::Str(start..self.text.len()));
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.set(field, Owned::Text(format!("{value:?}")));
+        use std::fmt::Write as _;
+        let start = self.text.len();
+        let _ = write!(self.text, "{value:?}");
+        self.set(field, Owned::Text(start..self.text.len()));
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
@@ -127,8 +136,8 @@ impl Pending {
             .iter()
             .map(|(_, value)| -> Box<dyn Value + '_> {
                 match value {
-                    Owned::Str(text) => Box::new(text.as_str()),
-                    Owned::Text(text) => Box::new(display(text.as_str())),
+                    Owned::Str(range) => Box::new(&self.text[range.clone()]),
+                    Owned::Text(range) => Box::new(display(&self.text[range.clone()])),
                     Owned::I64(n) => Box::new(*n),
                     Owned::U64(n) => Box::new(*n),
                     Owned::F64(n) => Box::new(*n),
@@ -177,7 +186,10 @@ where
         let (Some(span), true) = (ctx.span(id), deferrable) else {
             return self.inner.on_new_span(attrs, id, ctx);
         };
-        let mut pending = Pending::default();
+        let mut pending = Pending {
+            values: Vec::with_capacity(fields.len()),
+            text: String::with_capacity(64),
+        };
         attrs.record(&mut pending);
         let deferral = Deferral(Arc::new(Mutex::new(Some(pending))));
         span.extensions_mut().insert(deferral);

@@ -17,6 +17,8 @@
 #   abuse     slowhttptest, for `load abuse`'s slow-body and slowloris
 #             attacks (not a test dependency: only installed when asked for
 #             by name)
+#   h2load    h2load (nghttp2-client), for `load bench`'s HTTP/2 part (not a
+#             test dependency: only installed when asked for by name)
 #
 # Idempotent and quiet: prints one line per thing it installs and nothing when
 # everything is already there. Runs `apt-get update` at most once, and only
@@ -37,7 +39,7 @@ die() {
 have() { command -v "$1" >/dev/null 2>&1; }
 
 usage() {
-    printf 'usage: %s [GROUP...]\ngroups: %s (default: all), valgrind, abuse\n' "$0" "${ALL_GROUPS[*]}"
+    printf 'usage: %s [GROUP...]\ngroups: %s (default: all), valgrind, abuse, h2load\n' "$0" "${ALL_GROUPS[*]}"
 }
 
 # --- arguments ---------------------------------------------------------------
@@ -50,7 +52,7 @@ for arg in "$@"; do
         exit 0
         ;;
     all) groups+=("${ALL_GROUPS[@]}") ;;
-    postgres | haproxy | docker | lint | generate | valgrind | abuse) groups+=("$arg") ;;
+    postgres | haproxy | docker | lint | generate | valgrind | abuse | h2load) groups+=("$arg") ;;
     *)
         usage >&2
         die "unknown group '$arg'"
@@ -101,6 +103,9 @@ if want valgrind && ! have valgrind; then
 fi
 if want abuse && ! have slowhttptest; then
     apt_pkgs+=(slowhttptest)
+fi
+if want h2load && ! have h2load; then
+    apt_pkgs+=(nghttp2-client)
 fi
 # The newest cargo-generate that builds with the toolchain here; its Rhai
 # hook API is what template/*.rhai is written against.

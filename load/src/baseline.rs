@@ -36,6 +36,7 @@ use axum::extract::{MatchedPath, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt as _;
 use axum::{Extension, Json, Router};
 use bytes::Bytes;
 use http_body_util::Full;
@@ -332,11 +333,26 @@ async fn serve_until_sigterm(listen: SocketAddr, router: Router) -> anyhow::Resu
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, router)
-        .with_graceful_shutdown(sigterm())
-        .await
-        .context("axum::serve failed")
+    if std::env::var_os(NODELAY_ENV).is_some() {
+        // As axum's documentation sets it, and as lameduck does.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        axum::serve(listener, router)
+            .with_graceful_shutdown(sigterm())
+            .await
+            .context("axum::serve failed")
+    } else {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(sigterm())
+            .await
+            .context("axum::serve failed")
+    }
 }
+
+/// Set (to anything) in the environment of `minimal-axum` or `axum-stack`
+/// to have `TCP_NODELAY` set on every connection, as lameduck does.
+pub const NODELAY_ENV: &str = "LOAD_TCP_NODELAY";
 
 /// The minimal axum app ([`minimal_router`]) on `listen` until SIGTERM,
 /// then axum's graceful shutdown.

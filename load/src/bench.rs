@@ -50,6 +50,9 @@ use crate::replica::{self, Replica, Spec};
 use crate::report::{self, fmt_ms};
 use crate::tls;
 
+mod h2;
+pub use h2::H2Case;
+
 /// The parts of the benchmark.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -69,6 +72,8 @@ pub enum Part {
     /// HTTPS against plain HTTP: keep-alive throughput and handshakes per
     /// second.
     Tls,
+    /// HTTP/2 with prior knowledge under h2load (needs h2load).
+    H2,
 }
 
 /// Requests of the short and the long callgrind run; the difference of
@@ -132,7 +137,7 @@ pub struct Options {
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub links: u32,
     /// The parts to run.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Part::Throughput, Part::Counting, Part::Tls, Part::Shutdown, Part::Instructions, Part::Spill])]
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Part::Throughput, Part::Counting, Part::H2, Part::Tls, Part::Shutdown, Part::Instructions, Part::Spill])]
     pub parts: Vec<Part>,
     /// Links with pending hits in the spill part.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
@@ -271,6 +276,9 @@ pub struct BenchReport {
     pub spill: Option<SpillSeries>,
     /// HTTPS against plain HTTP on lameduck.
     pub tls: Option<TlsReport>,
+    /// HTTP/2 (h2c) under h2load: lameduck, the minimal axum app, and the
+    /// minimal app with `TCP_NODELAY`, per route and shape.
+    pub h2: Vec<H2Case>,
 }
 
 /// HTTPS against plain HTTP: lameduck with `--tls-cert`/`--tls-key`, and
@@ -340,6 +348,9 @@ pub fn main(options: Options, mut machine: Machine) -> ExitCode {
     let result = (|| -> anyhow::Result<()> {
         if options.parts.contains(&Part::Instructions) {
             binaries::install_test_deps(&["valgrind"])?;
+        }
+        if options.parts.contains(&Part::H2) {
+            binaries::install_test_deps(&["h2load"])?;
         }
         let binaries = match &options.bin_dir {
             Some(dir) => {
@@ -441,6 +452,11 @@ pub async fn run(
     } else {
         None
     };
+    let h2 = if options.parts.contains(&Part::H2) {
+        bench.h2().await?
+    } else {
+        Vec::new()
+    };
     let spill = if options.parts.contains(&Part::Spill) {
         Some(spill(&options, &out.join("spill"))?)
     } else {
@@ -456,6 +472,7 @@ pub async fn run(
         instructions,
         spill,
         tls,
+        h2,
     })
 }
 
@@ -1618,6 +1635,41 @@ fn ratio(a: f64, b: f64) -> String {
     }
 }
 
+/// The HTTP/2 section: one table per route and shape, the headline
+/// lameduck ÷ the minimal axum app, and ÷ the same app with `TCP_NODELAY`.
+fn h2_summary(report: &BenchReport, footer: &str) -> String {
+    let o = &report.options;
+    let mut text = format!(
+        "### HTTP/2 with prior knowledge (h2c), `h2load`, {} rounds of {:?} (+{:?} warm-up), servers taking turns\n\n",
+        o.rounds, o.duration, o.warmup
+    );
+    for case in &report.h2 {
+        let [lameduck, minimal, nodelay] = case.series.as_slice() else {
+            continue;
+        };
+        let ratios = paired_ratios(&lameduck.runs, &minimal.runs, |r| r.rps);
+        text.push_str(&format!(
+            "#### `{}`, {} connection(s) × {} streams\n\n{}\n\
+             **lameduck ÷ minimal axum app, run by run: throughput {} (target ≥ {:.2}: {}), p50 {}, p99 {}**; \
+             lameduck ÷ minimal axum app + TCP_NODELAY: throughput {}, p99 {}.\n\n",
+            case.route,
+            case.connections,
+            case.streams,
+            series_table(&[lameduck, minimal, nodelay], minimal),
+            fmt_ratios(&ratios),
+            h2::H2_TARGET,
+            verdict(&ratios, h2::H2_TARGET, true),
+            paired_ratio(lameduck, minimal, |r| r.p50_ms),
+            paired_ratio(lameduck, minimal, |r| r.p99_ms),
+            paired_ratio(lameduck, nodelay, |r| r.rps),
+            paired_ratio(lameduck, nodelay, |r| r.p99_ms),
+        ));
+    }
+    text.push_str(footer);
+    text.push('\n');
+    text
+}
+
 /// The benchmark tables in Markdown, each with the machine and command.
 pub fn summary(report: &BenchReport) -> String {
     let o = &report.options;
@@ -1677,6 +1729,9 @@ pub fn summary(report: &BenchReport) -> String {
                 ]
             ),
         ));
+    }
+    if !report.h2.is_empty() {
+        text.push_str(&h2_summary(report, &footer));
     }
     let mut placements: Vec<&str> = report
         .shutdown
@@ -1886,8 +1941,26 @@ mod tests {
             instructions: Vec::new(),
             spill: None,
             tls: None,
+            h2: vec![H2Case {
+                route: "GET /healthz".to_owned(),
+                connections: 1,
+                streams: 100,
+                series: vec![
+                    series(LAMEDUCK, &[90.0]),
+                    series(MINIMAL_AXUM, &[100.0]),
+                    series(h2::MINIMAL_NODELAY, &[80.0]),
+                ],
+            }],
         };
         let text = summary(&report);
+        assert!(
+            text.contains("throughput 0.900 (0.90–0.90) (target ≥ 0.85: met)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("lameduck ÷ minimal axum app + TCP_NODELAY: throughput 1.125"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "**lameduck ÷ minimal axum app, run by run, median (min–max): \

@@ -155,6 +155,11 @@ where
         .record(route, &shared.http_metrics, response.status(), latency);
     span.in_scope(|| middleware::on_response(&response, latency, &span));
     let (mut parts, body) = response.into_parts();
+    // Never indexed by HTTP/2's header compression: a value that is new on
+    // every response would only push useful entries out of the table, and
+    // looking it up there cost more than the rest of the response.
+    let mut request_id = request_id;
+    request_id.set_sensitive(true);
     parts.headers.entry(X_REQUEST_ID).or_insert(request_id);
     // A body that is all there (most answers) logs nothing while it is
     // sent; a streaming one (SSE) is polled inside the request's span.

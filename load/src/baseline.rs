@@ -46,6 +46,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use lameduck::config::{Cli, Command, ServerConfig};
+use lameduck::http::stack::Steps;
 use lameduck::lifecycle::{Lifecycle, RequestScope};
 use lameduck::{telemetry, App};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -224,6 +225,62 @@ pub async fn redirect_uncounted(config: ServerConfig) -> anyhow::Result<()> {
         .await
         .context("startup failed")?;
     app.hits().set_counting(false);
+    let report = app.run().await;
+    tracing::info!(outcome = ?report.drain.outcome, stop = %report.stop.summary(), "drained; workers stopped");
+    Ok(())
+}
+
+/// The environment variable naming the step `lameduck-without` switches
+/// off.
+pub const WITHOUT_ENV: &str = "LOAD_WITHOUT";
+
+/// The steps of lameduck's middleware `lameduck-without` can switch off,
+/// by the names `LOAD_WITHOUT` takes.
+pub const STEPS: [&str; 7] = [
+    "request-id",
+    "span",
+    "metrics",
+    "host-check",
+    "json-errors",
+    "catch-panic",
+    "timeout",
+];
+
+/// Every step but `name` ([`STEPS`]).
+///
+/// # Errors
+/// If `name` is not a step.
+pub fn steps_without(name: &str) -> anyhow::Result<Steps> {
+    let mut steps = Steps::ALL;
+    let step = match name {
+        "request-id" => &mut steps.request_id,
+        "span" => &mut steps.span,
+        "metrics" => &mut steps.metrics,
+        "host-check" => &mut steps.host_check,
+        "json-errors" => &mut steps.json_errors,
+        "catch-panic" => &mut steps.catch_panic,
+        "timeout" => &mut steps.timeout,
+        other => anyhow::bail!("no step {other:?}; the steps: {}", STEPS.join(", ")),
+    };
+    *step = false;
+    Ok(steps)
+}
+
+/// lameduck with the step named by `LOAD_WITHOUT` switched off in its
+/// middleware; everything else as `lameduck server`.
+///
+/// # Errors
+/// If the step is unknown or the app cannot start.
+pub async fn lameduck_without(config: ServerConfig) -> anyhow::Result<()> {
+    let name = std::env::var(WITHOUT_ENV).with_context(|| format!("{WITHOUT_ENV} is not set"))?;
+    lameduck::http::stack::set_steps_for_benchmark(steps_without(&name)?);
+    telemetry::init(config.log_format);
+    let lifecycle = Lifecycle::new()
+        .with_signals()
+        .context("cannot install signal handlers")?;
+    let app = App::build(config, lifecycle)
+        .await
+        .context("startup failed")?;
     let report = app.run().await;
     tracing::info!(outcome = ?report.drain.outcome, stop = %report.stop.summary(), "drained; workers stopped");
     Ok(())

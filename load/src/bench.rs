@@ -942,17 +942,42 @@ impl Bench<'_> {
                 &redirect,
             ),
         ];
+        // Then lameduck without each step of its middleware, in turn.
+        let without: Vec<(String, &str)> = crate::baseline::STEPS
+            .iter()
+            .map(|step| (format!("{LAMEDUCK} without {step}"), *step))
+            .collect();
+        let cases = cases
+            .into_iter()
+            .map(|(route, name, program, ready, request)| {
+                (route, name, program, ready, request, None)
+            })
+            .chain(without.iter().map(|(name, step)| {
+                let program = b.lameduck_without.as_path();
+                (
+                    "GET /healthz",
+                    name.as_str(),
+                    program,
+                    "/readyz",
+                    &healthz[..],
+                    Some(*step),
+                )
+            }));
         let mut series = Vec::new();
-        for (index, (route, name, program, ready, request)) in cases.into_iter().enumerate() {
+        for (index, (route, name, program, ready, request, step)) in cases.enumerate() {
             let expected = if route == "GET /healthz" { 200 } else { 307 };
             let mut totals = Vec::new();
             for requests in INSTRUCTION_RUNS {
                 let run = format!("in-{index}-{requests}");
-                let spec = if program == b.bare_hyper.as_path() {
+                let mut spec = if program == b.bare_hyper.as_path() {
                     self.bare_spec()
                 } else {
                     self.spec(program, &run, &[])
                 };
+                if let Some(step) = step {
+                    let variable = crate::baseline::WITHOUT_ENV.to_owned();
+                    spec.env.push((variable, step.to_owned()));
+                }
                 let out = self.logs.join(format!("callgrind-{run}.out"));
                 let mut args: Vec<std::ffi::OsString> = vec![
                     "--tool=callgrind".into(),
@@ -1635,6 +1660,42 @@ fn ratio(a: f64, b: f64) -> String {
     }
 }
 
+/// What each step of lameduck's middleware costs on `GET /healthz`: the
+/// instructions per request with every step less those without that one.
+fn steps_table(
+    lameduck: &InstructionSeries,
+    minimal: &InstructionSeries,
+    steps: &[InstructionSeries],
+) -> String {
+    if steps.is_empty() {
+        return String::new();
+    }
+    let above = lameduck.per_request - minimal.per_request;
+    let header: Vec<String> = vec![
+        "step switched off".to_owned(),
+        "instructions per `GET /healthz` without it".to_owned(),
+        "what the step costs".to_owned(),
+        format!("share of lameduck − minimal axum app ({above:.0})"),
+    ];
+    let rows: Vec<Vec<String>> = steps
+        .iter()
+        .map(|s| {
+            let cost = lameduck.per_request - s.per_request;
+            let step = s.server.rsplit(" without ").next().unwrap_or(&s.server);
+            vec![
+                step.to_owned(),
+                format!("{:.0}", s.per_request),
+                format!("{cost:.0}"),
+                format!("{:.0} %", 100.0 * cost / above),
+            ]
+        })
+        .collect();
+    format!(
+        "What each step of the middleware costs, switched off one at a time (`lameduck-without`, a build for the bench only):\n\n{}\n",
+        report::table(&header, &rows)
+    )
+}
+
 /// The HTTP/2 section: one table per route and shape, the headline
 /// lameduck ÷ the minimal axum app, and ÷ the same app with `TCP_NODELAY`.
 fn h2_summary(report: &BenchReport, footer: &str) -> String {
@@ -1758,7 +1819,7 @@ pub fn summary(report: &BenchReport) -> String {
         };
         text.push_str(&shutdown_summary(o, placement, &series, &footer));
     }
-    if let [lameduck, minimal, plain, bare, counted, minimal_redirect, uncounted] =
+    if let [lameduck, minimal, plain, bare, counted, minimal_redirect, uncounted, steps @ ..] =
         report.instructions.as_slice()
     {
         let header: Vec<String> = vec![
@@ -1791,7 +1852,7 @@ pub fn summary(report: &BenchReport) -> String {
              **`GET /healthz`: lameduck ÷ minimal axum app: {} of the instructions**, a throughput ratio of \
              {} if time followed instructions; **lameduck ÷ bare hyper: {}** (lameduck ÷ plain axum::serve: {}). \
              **`GET /{{code}}`: lameduck ÷ minimal axum app: {}**, a throughput ratio of {}; counting ÷ not \
-             counting: {}. Counted, not timed: the same on a busy machine as on an idle one.\n\n{footer}\n",
+             counting: {}. Counted, not timed: the same on a busy machine as on an idle one.\n\n{}{footer}\n",
             INSTRUCTION_RUNS[0],
             INSTRUCTION_RUNS[1],
             report::table(&header, &rows),
@@ -1802,6 +1863,7 @@ pub fn summary(report: &BenchReport) -> String {
             ratio(counted.per_request, minimal_redirect.per_request),
             ratio(minimal_redirect.per_request, counted.per_request),
             ratio(counted.per_request, uncounted.per_request),
+            steps_table(lameduck, minimal, steps),
         ));
     }
     if let Some(tls) = &report.tls {

@@ -23,6 +23,9 @@ pub struct Binaries {
     pub bare_hyper: PathBuf,
     /// `redirect-uncounted`: lameduck's redirect path without hit counting.
     pub redirect_uncounted: PathBuf,
+    /// `lameduck-without`: lameduck with one step of its middleware
+    /// switched off (`LOAD_WITHOUT=STEP`), to price each step.
+    pub lameduck_without: PathBuf,
     /// `close-floor`: no server; closes its connections from every CPU at
     /// SIGTERM, the floor of the shutdown benchmark.
     pub close_floor: PathBuf,
@@ -36,7 +39,7 @@ pub const PROFILE: &str = if cfg!(debug_assertions) {
     "release"
 };
 
-const NAMES: [&str; 7] = [
+const NAMES: [&str; 8] = [
     "lameduck",
     "plain-axum",
     "bare-hyper",
@@ -44,6 +47,7 @@ const NAMES: [&str; 7] = [
     "close-floor",
     "minimal-axum",
     "axum-stack",
+    "lameduck-without",
 ];
 
 /// The workspace this crate was built from.
@@ -124,6 +128,7 @@ impl Binaries {
             close_floor: get(NAMES[4])?,
             minimal_axum: get(NAMES[5])?,
             axum_stack: get(NAMES[6])?,
+            lameduck_without: get(NAMES[7])?,
         })
     }
 }

@@ -47,6 +47,49 @@ use crate::lifecycle::RequestScope;
 /// The request id header: the client's is kept, one is made otherwise.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// Which steps the stack runs: all of them in a service. `load bench`
+/// switches one off at a time ([`set_steps_for_benchmark`]) to price it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Steps {
+    /// Step 1: make or keep the request id, echo it.
+    pub request_id: bool,
+    /// Step 2: the request span.
+    pub span: bool,
+    /// Step 3: count and time the request.
+    pub metrics: bool,
+    /// Step 4: the Host check.
+    pub host_check: bool,
+    /// Step 5: JSON error bodies.
+    pub json_errors: bool,
+    /// Step 6: a panic answers 500.
+    pub catch_panic: bool,
+    /// Step 7: the request timeout.
+    pub timeout: bool,
+}
+
+impl Steps {
+    /// Every step: what a service runs.
+    pub const ALL: Steps = Steps {
+        request_id: true,
+        span: true,
+        metrics: true,
+        host_check: true,
+        json_errors: true,
+        catch_panic: true,
+        timeout: true,
+    };
+}
+
+static STEPS: OnceLock<Steps> = OnceLock::new();
+
+/// For benchmarks only: the steps of every stack made from now on (the
+/// first call wins; `false` if steps were already set). A service never
+/// calls it: `load bench` does, in a build of its own, to measure what each
+/// step costs by switching it off.
+pub fn set_steps_for_benchmark(steps: Steps) -> bool {
+    STEPS.set(steps).is_ok()
+}
+
 /// The layer: wraps each route (so the matched route is known) in a
 /// [`StackService`].
 #[derive(Clone, Debug)]
@@ -60,6 +103,7 @@ struct Shared {
     http_metrics: HttpMetrics,
     guard_metrics: GuardMetrics,
     request_timeout: Duration,
+    steps: Steps,
 }
 
 impl Stack {
@@ -75,6 +119,7 @@ impl Stack {
                 http_metrics,
                 guard_metrics,
                 request_timeout,
+                steps: *STEPS.get().unwrap_or(&Steps::ALL),
             }),
         }
     }
@@ -136,12 +181,25 @@ async fn serve<S>(
 where
     S: Service<Request, Response = Response<Body>, Error = Infallible>,
 {
+    let steps = shared.steps;
     let started = Instant::now();
-    let request_id = request_id(&mut request);
+    let request_id = if steps.request_id {
+        request_id(&mut request)
+    } else {
+        HeaderValue::from_static("")
+    };
     let route = request.extensions().get::<MatchedPath>().cloned();
     let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
-    let span = middleware::request_span(request.method(), route, &request_id);
-    let response = match middleware::host_problem(&request) {
+    let span = if steps.span {
+        middleware::request_span(request.method(), route, &request_id)
+    } else {
+        tracing::Span::none()
+    };
+    let host_problem = steps
+        .host_check
+        .then(|| middleware::host_problem(&request))
+        .flatten();
+    let response = match host_problem {
         Some(problem) => ApiError::BadRequest(problem.to_owned()).into_response(),
         None => {
             handle(shared, inner, request)
@@ -150,20 +208,25 @@ where
         }
     };
     let latency = started.elapsed();
-    route_metrics
-        .get_or_init(|| shared.http_metrics.route(route))
-        .record(route, &shared.http_metrics, response.status(), latency);
+    if steps.metrics {
+        route_metrics
+            .get_or_init(|| shared.http_metrics.route(route))
+            .record(route, &shared.http_metrics, response.status(), latency);
+    }
     span.in_scope(|| middleware::on_response(&response, latency, &span));
     let (mut parts, body) = response.into_parts();
-    // Never indexed by HTTP/2's header compression: a value that is new on
-    // every response would only push useful entries out of the table, and
-    // looking it up there cost more than the rest of the response.
-    let mut request_id = request_id;
-    request_id.set_sensitive(true);
-    parts.headers.entry(X_REQUEST_ID).or_insert(request_id);
+    if steps.request_id {
+        // Never indexed by HTTP/2's header compression: a value that is new
+        // on every response would only push useful entries out of the
+        // table, and looking it up there cost more than the rest of the
+        // response.
+        let mut request_id = request_id;
+        request_id.set_sensitive(true);
+        parts.headers.entry(X_REQUEST_ID).or_insert(request_id);
+    }
     // A body that is all there (most answers) logs nothing while it is
     // sent; a streaming one (SSE) is polled inside the request's span.
-    let body = if body.size_hint().exact().is_some() {
+    let body = if body.size_hint().exact().is_some() || !steps.span {
         body
     } else {
         Body::new(InSpan { body, span })
@@ -180,10 +243,27 @@ where
         .extensions()
         .get::<RequestScope>()
         .map(|scope| scope.token().clone());
-    let call = AssertUnwindSafe(async move { inner.call(request).await }).catch_unwind();
-    let response = match tokio::time::timeout(shared.request_timeout, call).await {
-        Ok(Ok(Ok(response))) => response,
-        Ok(Ok(Err(infallible))) => match infallible {},
+    let steps = shared.steps;
+    let call = async move {
+        match inner.call(request).await {
+            Ok(response) => response,
+            Err(infallible) => match infallible {},
+        }
+    };
+    let guarded = async move {
+        if steps.catch_panic {
+            AssertUnwindSafe(call).catch_unwind().await
+        } else {
+            Ok(call.await)
+        }
+    };
+    let outcome = if steps.timeout {
+        tokio::time::timeout(shared.request_timeout, guarded).await
+    } else {
+        Ok(guarded.await)
+    };
+    let response = match outcome {
+        Ok(Ok(response)) => response,
         Ok(Err(panic)) => middleware::panic_response(&shared.guard_metrics, panic),
         Err(_elapsed) => {
             if let Some(token) = token {
@@ -197,6 +277,9 @@ where
             .into_response()
         }
     };
+    if !steps.json_errors {
+        return response;
+    }
     middleware::json_error_body(response).await
 }
 

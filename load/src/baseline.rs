@@ -217,6 +217,12 @@ pub async fn bare_hyper(listen: SocketAddr, on_sigterm: OnSigterm) -> anyhow::Re
 /// # Errors
 /// If the app cannot be built.
 pub async fn redirect_uncounted(config: ServerConfig) -> anyhow::Result<()> {
+    run_app(config, |app| app.hits().set_counting(false)).await
+}
+
+/// `lameduck server` as its `main` runs it, with `adjust` applied to the
+/// built app before it serves.
+async fn run_app(config: ServerConfig, adjust: impl FnOnce(&App)) -> anyhow::Result<()> {
     telemetry::init(config.log_format);
     let lifecycle = Lifecycle::new()
         .with_signals()
@@ -224,7 +230,7 @@ pub async fn redirect_uncounted(config: ServerConfig) -> anyhow::Result<()> {
     let app = App::build(config, lifecycle)
         .await
         .context("startup failed")?;
-    app.hits().set_counting(false);
+    adjust(&app);
     let report = app.run().await;
     tracing::info!(outcome = ?report.drain.outcome, stop = %report.stop.summary(), "drained; workers stopped");
     Ok(())
@@ -274,16 +280,7 @@ pub fn steps_without(name: &str) -> anyhow::Result<Steps> {
 pub async fn lameduck_without(config: ServerConfig) -> anyhow::Result<()> {
     let name = std::env::var(WITHOUT_ENV).with_context(|| format!("{WITHOUT_ENV} is not set"))?;
     lameduck::http::stack::set_steps_for_benchmark(steps_without(&name)?);
-    telemetry::init(config.log_format);
-    let lifecycle = Lifecycle::new()
-        .with_signals()
-        .context("cannot install signal handlers")?;
-    let app = App::build(config, lifecycle)
-        .await
-        .context("startup failed")?;
-    let report = app.run().await;
-    tracing::info!(outcome = ?report.drain.outcome, stop = %report.stop.summary(), "drained; workers stopped");
-    Ok(())
+    run_app(config, |_| {}).await
 }
 
 /// The listening address in a command line: `--listen ADDR` or

@@ -84,10 +84,41 @@ pub fn host_problem<B>(request: &axum::http::Request<B>) -> Option<&'static str>
     }
 }
 
+/// The bytes of a host name or an IP literal: unreserved, sub-delims and
+/// `%` of percent-encoding (RFC 3986 §3.2.2), as a table.
+static HOST_NAME_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let b = byte as u8;
+        table[byte] = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+                    | b'%'
+            );
+        byte += 1;
+    }
+    table
+};
+
 /// Whether `value` is `uri-host [":" port]` (RFC 9110 §7.2). Empty is valid:
 /// it is what a client sends for a target without an authority.
 fn is_host_and_port(value: &[u8]) -> bool {
-    let is_name_byte = |b: &u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(b);
+    let is_name_byte = |b: &u8| HOST_NAME_BYTES[usize::from(*b)];
     let (host, port) = if value.first() == Some(&b'[') {
         // An IP literal: the brackets hold no host name, and a ':' inside
         // them is not the port's.
@@ -153,18 +184,26 @@ pub fn panic_response(
     ApiError::Internal("handler panicked".into()).into_response()
 }
 
-/// Gives an error answer a JSON body if it has none: rejections from axum's
-/// extractors come as plain text; clients get `{"error": ...}` everywhere.
-pub async fn json_error_body(response: Response<Body>) -> Response<Body> {
+/// Whether `response` is an error answer without a JSON body: rejections
+/// from axum's extractors come as plain text, and get one from
+/// [`json_error_body`].
+pub fn lacks_json_body(response: &Response<Body>) -> bool {
     let status = response.status();
     let is_json = response
         .headers()
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .is_some_and(|value| value.starts_with("application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || is_json {
+    (status.is_client_error() || status.is_server_error()) && !is_json
+}
+
+/// Gives an error answer a JSON body if it has none: clients get
+/// `{"error": ...}` everywhere.
+pub async fn json_error_body(response: Response<Body>) -> Response<Body> {
+    if !lacks_json_body(&response) {
         return response;
     }
+    let status = response.status();
     let (mut parts, body) = response.into_parts();
     let detail = match axum::body::to_bytes(body, 1024).await {
         Ok(bytes) if !bytes.is_empty() => String::from_utf8_lossy(&bytes).trim().to_owned(),
@@ -180,12 +219,12 @@ pub async fn json_error_body(response: Response<Body>) -> Response<Body> {
 
 /// The span of one request: method, route template, request id; status and
 /// latency are recorded when the response head is ready.
-pub fn request_span(method: &Method, route: &str, request_id: &HeaderValue) -> Span {
+pub fn request_span(method: &Method, route: &str, request_id: &str) -> Span {
     tracing::info_span!(
         "request",
         method = method.as_str(),
         route,
-        request_id = request_id.to_str().unwrap_or(""),
+        request_id,
         status = tracing::field::Empty,
         latency_ms = tracing::field::Empty,
     )

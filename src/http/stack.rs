@@ -34,10 +34,9 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::header::HeaderName;
 use axum::http::{HeaderValue, Response};
 use axum::response::IntoResponse;
-use futures_util::FutureExt;
 use hyper::body::Body as _;
+use pin_project_lite::pin_project;
 use tower::{Layer, Service};
-use tracing::Instrument;
 
 use super::metrics::{HttpMetrics, RouteMetrics};
 use super::middleware::{self, GuardMetrics};
@@ -149,138 +148,225 @@ pub struct StackService<S> {
 
 impl<S> Service<Request> for StackService<S>
 where
-    S: Service<Request, Response = Response<Body>, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send + 'static,
+    S: Service<Request, Response = Response<Body>, Error = Infallible>,
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+    type Future = StackFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request) -> Self::Future {
-        // The service polled ready serves this request; a clone takes its
-        // place for the next.
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
-        let shared = Arc::clone(&self.shared);
-        let route = Arc::clone(&self.route);
-        Box::pin(async move { Ok(serve(&shared, &route, ready, request).await) })
-    }
-}
-
-/// Steps 1 to 3 around [`handle`].
-async fn serve<S>(
-    shared: &Shared,
-    route_metrics: &OnceLock<RouteMetrics>,
-    inner: S,
-    mut request: Request,
-) -> Response<Body>
-where
-    S: Service<Request, Response = Response<Body>, Error = Infallible>,
-{
-    let steps = shared.steps;
-    let started = Instant::now();
-    let request_id = if steps.request_id {
-        request_id(&mut request)
-    } else {
-        HeaderValue::from_static("")
-    };
-    let route = request.extensions().get::<MatchedPath>().cloned();
-    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
-    let span = if steps.span {
-        middleware::request_span(request.method(), route, &request_id)
-    } else {
-        tracing::Span::none()
-    };
-    let host_problem = steps
-        .host_check
-        .then(|| middleware::host_problem(&request))
-        .flatten();
-    let response = match host_problem {
-        Some(problem) => ApiError::BadRequest(problem.to_owned()).into_response(),
-        None => {
-            handle(shared, inner, request)
-                .instrument(span.clone())
-                .await
-        }
-    };
-    let latency = started.elapsed();
-    if steps.metrics {
-        route_metrics
-            .get_or_init(|| shared.http_metrics.route(route))
-            .record(route, &shared.http_metrics, response.status(), latency);
-    }
-    span.in_scope(|| middleware::on_response(&response, latency, &span));
-    let (mut parts, body) = response.into_parts();
-    if steps.request_id {
-        // Never indexed by HTTP/2's header compression: a value that is new
-        // on every response would only push useful entries out of the
-        // table, and looking it up there cost more than the rest of the
-        // response.
-        let mut request_id = request_id;
-        request_id.set_sensitive(true);
-        parts.headers.entry(X_REQUEST_ID).or_insert(request_id);
-    }
-    // A body that is all there (most answers) logs nothing while it is
-    // sent; a streaming one (SSE) is polled inside the request's span.
-    let body = if body.size_hint().exact().is_some() || !steps.span {
-        body
-    } else {
-        Body::new(InSpan { body, span })
-    };
-    Response::from_parts(parts, body)
-}
-
-/// Steps 5 to 7 around the route.
-async fn handle<S>(shared: &Shared, mut inner: S, request: Request) -> Response<Body>
-where
-    S: Service<Request, Response = Response<Body>, Error = Infallible>,
-{
-    let token = request
-        .extensions()
-        .get::<RequestScope>()
-        .map(|scope| scope.token().clone());
-    let steps = shared.steps;
-    let call = async move {
-        match inner.call(request).await {
-            Ok(response) => response,
-            Err(infallible) => match infallible {},
-        }
-    };
-    let guarded = async move {
-        if steps.catch_panic {
-            AssertUnwindSafe(call).catch_unwind().await
+    /// Steps 1, 2 and 4 here; the route's future, the panic and the
+    /// timeout in [`StackFuture`].
+    fn call(&mut self, mut request: Request) -> Self::Future {
+        let steps = self.shared.steps;
+        let started = Instant::now();
+        let request_id = steps.request_id.then(|| request_id(&mut request));
+        let route = request.extensions().get::<MatchedPath>().cloned();
+        let span = if steps.span {
+            let id = request_id.as_ref().and_then(|id| id.to_str().ok());
+            middleware::request_span(request.method(), route_name(&route), id.unwrap_or(""))
         } else {
-            Ok(call.await)
+            tracing::Span::none()
+        };
+        let scope = request.extensions().get::<RequestScope>().cloned();
+        let host_problem = steps
+            .host_check
+            .then(|| middleware::host_problem(&request))
+            .flatten();
+        let state = match host_problem {
+            Some(problem) => State::Answered {
+                response: Some(ApiError::BadRequest(problem.to_owned()).into_response()),
+            },
+            // The route's future does its work when polled, inside the span.
+            None => State::Routing {
+                future: self.inner.call(request),
+                timeout: steps
+                    .timeout
+                    .then(|| tokio::time::sleep(self.shared.request_timeout)),
+            },
+        };
+        StackFuture {
+            state,
+            span,
+            finish: Finish {
+                shared: Arc::clone(&self.shared),
+                route_metrics: Arc::clone(&self.route),
+                route,
+                request_id,
+                scope,
+                started,
+            },
         }
-    };
-    let outcome = if steps.timeout {
-        tokio::time::timeout(shared.request_timeout, guarded).await
-    } else {
-        Ok(guarded.await)
-    };
-    let response = match outcome {
-        Ok(Ok(response)) => response,
-        Ok(Err(panic)) => middleware::panic_response(&shared.guard_metrics, panic),
-        Err(_elapsed) => {
-            if let Some(token) = token {
-                token.cancel();
-            }
-            shared.guard_metrics.timed_out();
-            ApiError::Unavailable(format!(
-                "request timed out after {:?}",
-                shared.request_timeout
-            ))
-            .into_response()
-        }
-    };
-    if !steps.json_errors {
-        return response;
     }
-    middleware::json_error_body(response).await
+}
+
+/// The route template for metrics and the span.
+fn route_name(route: &Option<MatchedPath>) -> &str {
+    route.as_ref().map_or("unmatched", MatchedPath::as_str)
+}
+
+pin_project! {
+    /// One request's way through the stack: the route's future polled in
+    /// the request's span, under `catch_unwind` and the timeout; then a
+    /// JSON body for a plain error answer; then the metrics and the request
+    /// id on the response.
+    ///
+    /// One state machine rather than nested `async` blocks: each nesting
+    /// level copied the whole future again, and they made it 3 KiB.
+    pub struct StackFuture<F> {
+        #[pin]
+        state: State<F>,
+        span: tracing::Span,
+        finish: Finish,
+    }
+
+    impl<F> PinnedDrop for StackFuture<F> {
+        // A request dropped unanswered (the client went away) drops the
+        // route's future, and what it logs then, inside the span.
+        fn drop(this: Pin<&mut Self>) {
+            let mut this = this.project();
+            if !matches!(this.state.as_ref().get_ref(), State::Done) {
+                let _entered = this.span.enter();
+                this.state.set(State::Done);
+            }
+        }
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        /// The route is answering; the timeout, if on, runs beside it.
+        Routing {
+            #[pin]
+            future: F,
+            #[pin]
+            timeout: Option<tokio::time::Sleep>,
+        },
+        /// A plain-text error answer getting its JSON body.
+        Converting {
+            future: Pin<Box<dyn Future<Output = Response<Body>> + Send>>,
+        },
+        /// Answered without the route (the Host check).
+        Answered { response: Option<Response<Body>> },
+        Done,
+    }
+}
+
+/// What the stack does with the response: steps 1 and 3, and the log line.
+struct Finish {
+    shared: Arc<Shared>,
+    route_metrics: Arc<OnceLock<RouteMetrics>>,
+    route: Option<MatchedPath>,
+    request_id: Option<HeaderValue>,
+    /// The request's scope, whose token the timeout fires.
+    scope: Option<RequestScope>,
+    started: Instant,
+}
+
+impl<F> Future for StackFuture<F>
+where
+    F: Future<Output = Result<Response<Body>, Infallible>>,
+{
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let _entered = this.span.enter();
+        let steps = this.finish.shared.steps;
+        loop {
+            let response = match this.state.as_mut().project() {
+                StateProj::Routing { future, timeout } => {
+                    let polled = if steps.catch_panic {
+                        std::panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx)))
+                    } else {
+                        Ok(future.poll(cx))
+                    };
+                    match polled {
+                        Ok(Poll::Ready(Ok(response))) => response,
+                        Ok(Poll::Ready(Err(infallible))) => match infallible {},
+                        Err(panic) => {
+                            middleware::panic_response(&this.finish.shared.guard_metrics, panic)
+                        }
+                        Ok(Poll::Pending) => match timeout.as_pin_mut().map(|t| t.poll(cx)) {
+                            Some(Poll::Ready(())) => this.finish.timed_out(),
+                            _ => return Poll::Pending,
+                        },
+                    }
+                }
+                StateProj::Converting { future } => match future.as_mut().poll(cx) {
+                    Poll::Ready(response) => {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Ok(this.finish.respond(response, this.span)));
+                    }
+                    Poll::Pending => return Poll::Pending,
+                },
+                StateProj::Answered { response } => response
+                    .take()
+                    .expect("StackFuture polled after it answered"),
+                StateProj::Done => panic!("StackFuture polled after it answered"),
+            };
+            // Dropped here, inside the span: the route's future, whether it
+            // answered, panicked or timed out.
+            this.state.set(State::Done);
+            if steps.json_errors && middleware::lacks_json_body(&response) {
+                let future = Box::pin(middleware::json_error_body(response));
+                this.state.set(State::Converting { future });
+                continue;
+            }
+            return Poll::Ready(Ok(this.finish.respond(response, this.span)));
+        }
+    }
+}
+
+impl Finish {
+    /// Step 7's answer: 503, and the request's token fired so that work it
+    /// handed off stops too.
+    fn timed_out(&self) -> Response<Body> {
+        if let Some(scope) = &self.scope {
+            scope.token().cancel();
+        }
+        self.shared.guard_metrics.timed_out();
+        let timeout = self.shared.request_timeout;
+        ApiError::Unavailable(format!("request timed out after {timeout:?}")).into_response()
+    }
+
+    /// Counts and logs the answer (inside the span) and echoes the request
+    /// id on it.
+    fn respond(&mut self, response: Response<Body>, span: &tracing::Span) -> Response<Body> {
+        let shared = &self.shared;
+        let latency = self.started.elapsed();
+        let route = route_name(&self.route);
+        if shared.steps.metrics {
+            self.route_metrics
+                .get_or_init(|| shared.http_metrics.route(route))
+                .record(route, &shared.http_metrics, response.status(), latency);
+        }
+        middleware::on_response(&response, latency, span);
+        let (mut parts, body) = response.into_parts();
+        if let Some(mut request_id) = self.request_id.take() {
+            // Never indexed by HTTP/2's header compression: a value that is
+            // new on every response would only push useful entries out of
+            // the table, and looking it up there cost more than the rest of
+            // the response.
+            request_id.set_sensitive(true);
+            parts.headers.entry(X_REQUEST_ID).or_insert(request_id);
+        }
+        // A body that is all there (most answers) logs nothing while it is
+        // sent; a streaming one (SSE) is polled inside the request's span.
+        let body = if body.size_hint().exact().is_some() || span.is_none() {
+            body
+        } else {
+            Body::new(InSpan {
+                body,
+                span: span.clone(),
+            })
+        };
+        Response::from_parts(parts, body)
+    }
 }
 
 /// The request's id: the client's `x-request-id`, or a new random (v4)
@@ -327,7 +413,74 @@ impl hyper::body::Body for InSpan {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
+    use axum::http::header::HOST;
+    use tracing::field::{Field, Visit};
+    use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
+    use tracing_subscriber::registry::LookupSpan;
+
     use super::*;
+
+    /// Each event's message and the name of the span it was logged in.
+    type Logged = Vec<(String, Option<&'static str>)>;
+
+    /// Remembers what was logged, and where.
+    #[derive(Clone, Default)]
+    struct SpansOfEvents(Arc<Mutex<Logged>>);
+
+    impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S>
+        for SpansOfEvents
+    {
+        fn on_event(&self, event: &tracing::Event<'_>, ctx: LayerContext<'_, S>) {
+            struct Message(String);
+            impl Visit for Message {
+                fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+                    if field.name() == "message" {
+                        self.0 = format!("{value:?}");
+                    }
+                }
+            }
+            let mut message = Message(String::new());
+            event.record(&mut message);
+            let span = ctx.event_span(event).map(|span| span.name());
+            self.0.lock().expect("lock").push((message.0, span));
+        }
+    }
+
+    // A client that hangs up drops the route's future; what its drop
+    // guards log then must still carry the request's span (its id).
+    #[tokio::test]
+    async fn what_a_dropped_request_logs_is_in_its_span() {
+        let events = SpansOfEvents::default();
+        let subscriber = tracing_subscriber::registry().with(events.clone());
+        let _default = tracing::subscriber::set_default(subscriber);
+        struct LogOnDrop;
+        impl Drop for LogOnDrop {
+            fn drop(&mut self) {
+                tracing::info!("handler dropped");
+            }
+        }
+        let route = tower::service_fn(|_request: Request| async {
+            let _guard = LogOnDrop;
+            std::future::pending::<Result<Response<Body>, Infallible>>().await
+        });
+        let stack = Stack::new(
+            HttpMetrics::default(),
+            GuardMetrics::default(),
+            Duration::from_secs(60),
+        );
+        let mut service = stack.layer(route);
+        let request = Request::builder()
+            .header(HOST, "lameduck")
+            .body(Body::empty())
+            .expect("request");
+        let mut answer = Box::pin(service.call(request));
+        assert!(futures_util::poll!(&mut answer).is_pending());
+        drop(answer);
+        let events = events.0.lock().expect("lock").clone();
+        assert_eq!(events, [("handler dropped".to_owned(), Some("request"))]);
+    }
 
     #[test]
     fn a_request_id_is_kept_or_made_as_a_uuid() {

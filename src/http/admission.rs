@@ -21,12 +21,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use axum::body::Body;
+use axum::body::{Body, HttpBody as _};
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::header::CONNECTION;
 use axum::http::{HeaderValue, Response, Version};
 use axum::response::IntoResponse;
-use tokio::sync::Semaphore;
+use pin_project_lite::pin_project;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Layer, Service};
 
 use super::body::{self, BodyReading};
@@ -43,7 +44,7 @@ pub struct Admission {
 #[derive(Debug)]
 struct Shared {
     reading: BodyReading,
-    slots: Semaphore,
+    slots: Arc<Semaphore>,
     metrics: GuardMetrics,
 }
 
@@ -57,7 +58,7 @@ impl Admission {
                     max_bytes: limits.max_body_bytes,
                     timeout: limits.body_read_timeout,
                 },
-                slots: Semaphore::new(limits.max_concurrent_requests),
+                slots: Arc::new(Semaphore::new(limits.max_concurrent_requests)),
                 metrics,
             }),
         }
@@ -90,46 +91,126 @@ where
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+    type Future = AdmissionFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
+        let shared = &self.shared;
+        if let Some(refused) = announced_too_large(shared, &request) {
+            return AdmissionFuture::answered(refused);
+        }
+        if request.body().is_end_stream() {
+            // No body to wait for (a redirect, a read): a slot now.
+            return match admit(shared) {
+                Some(slot) => AdmissionFuture {
+                    state: State::Admitted {
+                        future: self.inner.call(request),
+                        _slot: slot,
+                    },
+                },
+                None => AdmissionFuture::answered(middleware::shed(&shared.metrics)),
+            };
+        }
+        // The service polled ready serves this request once its body is
+        // read; a clone takes its place for the next.
         let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
-        let shared = Arc::clone(&self.shared);
-        Box::pin(async move { Ok(admit(&shared, ready, request).await) })
+        let mut ready = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(shared);
+        let future = Box::pin(async move {
+            let request = match body::read_first(request, shared.reading).await {
+                Ok(request) => request,
+                Err(refused) => return refused,
+            };
+            let Some(_slot) = admit(&shared) else {
+                return middleware::shed(&shared.metrics);
+            };
+            match ready.call(request).await {
+                Ok(response) => response,
+                Err(infallible) => match infallible {},
+            }
+        });
+        AdmissionFuture {
+            state: State::Reading { future },
+        }
     }
 }
 
-async fn admit<S>(shared: &Shared, mut inner: S, request: Request) -> Response<Body>
-where
-    S: Service<Request, Response = Response<Body>, Error = Infallible>,
-{
+/// Step 1: 413 for a body announced over the limit, before any is read.
+fn announced_too_large(shared: &Shared, request: &Request) -> Option<Response<Body>> {
     let limit = shared.reading.max_bytes;
-    let announced = middleware::announced_body_size(&request);
-    if announced > u64::try_from(limit).unwrap_or(u64::MAX) {
-        let mut response = ApiError::BodyTooLarge { announced, limit }.into_response();
-        if request.version() < Version::HTTP_2 {
-            // hyper closes the connection anyway rather than read the body
-            // it was never asked for; say so, as RFC 9112 §9.6 asks.
-            response
-                .headers_mut()
-                .insert(CONNECTION, HeaderValue::from_static("close"));
-        }
-        return response;
+    let announced = middleware::announced_body_size(request);
+    if announced <= u64::try_from(limit).unwrap_or(u64::MAX) {
+        return None;
     }
-    let request = match body::read_first(request, shared.reading).await {
-        Ok(request) => request,
-        Err(refused) => return refused,
-    };
-    let Ok(_slot) = shared.slots.try_acquire() else {
-        return middleware::shed(&shared.metrics);
-    };
-    match inner.call(request).await {
-        Ok(response) => response,
-        Err(infallible) => match infallible {},
+    let mut response = ApiError::BodyTooLarge { announced, limit }.into_response();
+    if request.version() < Version::HTTP_2 {
+        // hyper closes the connection anyway rather than read the body it
+        // was never asked for; say so, as RFC 9112 §9.6 asks.
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    Some(response)
+}
+
+/// Step 3: a slot, held until the response head is ready; `None` past the
+/// limit (the request is shed at once).
+fn admit(shared: &Shared) -> Option<OwnedSemaphorePermit> {
+    Arc::clone(&shared.slots).try_acquire_owned().ok()
+}
+
+pin_project! {
+    /// An API request on its way through admission.
+    pub struct AdmissionFuture<F> {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        /// Admitted at once: the route answers, holding the slot (given
+        /// back when the answer is ready).
+        Admitted {
+            #[pin]
+            future: F,
+            _slot: OwnedSemaphorePermit,
+        },
+        /// Reading the body first, then admitted or shed.
+        Reading {
+            future: Pin<Box<dyn Future<Output = Response<Body>> + Send>>,
+        },
+        /// Refused before the route (413, 503).
+        Answered { response: Option<Response<Body>> },
+    }
+}
+
+impl<F> AdmissionFuture<F> {
+    fn answered(response: Response<Body>) -> Self {
+        let response = Some(response);
+        AdmissionFuture {
+            state: State::Answered { response },
+        }
+    }
+}
+
+impl<F> Future for AdmissionFuture<F>
+where
+    F: Future<Output = Result<Response<Body>, Infallible>>,
+{
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Admitted { future, .. } => future.poll(cx),
+            StateProj::Reading { future } => future.as_mut().poll(cx).map(Ok),
+            StateProj::Answered { response } => Poll::Ready(Ok(response
+                .take()
+                .expect("AdmissionFuture polled after it answered"))),
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::header::{HeaderValue, CONNECTION};
@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
+use tracing::Instrument;
 
 use crate::connection::{BusyGuard, ConnState};
 use crate::metrics::LifecycleMetrics;
@@ -30,9 +31,40 @@ use crate::Watch;
 /// observes the token at safe points, and cleans up before it returns.
 #[derive(Clone, Debug)]
 pub struct RequestScope {
-    token: CancellationToken,
+    token: Arc<LazyToken>,
     tracker: TaskTracker,
     shutdown: Option<Watch>,
+}
+
+/// A request's token, made the first time it is asked for: most requests
+/// never ask, and a child token costs two locks on its parent.
+#[derive(Debug, Default)]
+struct LazyToken {
+    /// Whose child the token is: the connection's request token, else the
+    /// server's; a detached scope's is a root.
+    parent: Option<Parent>,
+    token: OnceLock<CancellationToken>,
+}
+
+#[derive(Debug)]
+enum Parent {
+    Connection(Arc<ConnState>),
+    Server(Watch),
+}
+
+impl LazyToken {
+    fn get(&self) -> &CancellationToken {
+        self.token.get_or_init(|| match &self.parent {
+            Some(Parent::Connection(conn)) => conn.requests.child_token(),
+            Some(Parent::Server(shutdown)) => shutdown.request_token(),
+            None => CancellationToken::new(),
+        })
+    }
+
+    /// Fires the token, made or not: one asked for later is born cancelled.
+    fn cancel(&self) {
+        self.token.get_or_init(CancellationToken::new).cancel();
+    }
 }
 
 impl RequestScope {
@@ -40,7 +72,7 @@ impl RequestScope {
     /// cancelled by hand. For exercising handlers without a socket.
     pub fn detached() -> RequestScope {
         RequestScope {
-            token: CancellationToken::new(),
+            token: Arc::default(),
             tracker: TaskTracker::new(),
             shutdown: None,
         }
@@ -48,7 +80,7 @@ impl RequestScope {
 
     /// The request's cancellation token.
     pub fn token(&self) -> &CancellationToken {
-        &self.token
+        self.token.get()
     }
 
     /// Resolves when the server's drain starts: a long-lived response (a
@@ -72,7 +104,8 @@ impl RequestScope {
     }
 
     /// Runs `work` to its own end on a task tracked by the lifecycle, and
-    /// waits for its result.
+    /// waits for its result. It runs in the caller's span (the request's),
+    /// so what it logs carries the request's fields.
     ///
     /// If the request is dropped meanwhile, `work` keeps running: it sees its
     /// token cancelled and is expected to clean up (roll back, release what
@@ -89,7 +122,8 @@ impl RequestScope {
         Fut: Future<Output = T> + Send + 'static,
         T: Send + 'static,
     {
-        self.tracker.spawn(work(self.token.clone())).await
+        let work = work(self.token().clone()).in_current_span();
+        self.tracker.spawn(work).await
     }
 }
 
@@ -99,7 +133,7 @@ impl RequestScope {
 #[must_use = "dropping the guard ends the request's in-flight count"]
 struct InFlight {
     metrics: LifecycleMetrics,
-    token: CancellationToken,
+    token: Arc<LazyToken>,
     /// `Some(after_signal)` once the response head is out.
     answered: Option<bool>,
 }
@@ -175,12 +209,15 @@ where
         let conn = self.conn.clone();
         let shutdown = self.shutdown.clone();
         Box::pin(async move {
-            let token = match &conn {
-                Some(conn) => conn.requests.child_token(),
-                None => shutdown.request_token(),
-            };
+            let token = Arc::new(LazyToken {
+                parent: Some(match &conn {
+                    Some(conn) => Parent::Connection(Arc::clone(conn)),
+                    None => Parent::Server(shutdown.clone()),
+                }),
+                token: OnceLock::new(),
+            });
             request.extensions_mut().insert(RequestScope {
-                token: token.clone(),
+                token: Arc::clone(&token),
                 tracker: shutdown.tracker().clone(),
                 shutdown: Some(shutdown.clone()),
             });
@@ -234,5 +271,39 @@ impl<B: Body + Unpin> Body for TrackedBody<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_asked_for_after_the_hang_up_is_born_cancelled() {
+        let hung_up = LazyToken::default();
+        hung_up.cancel();
+        assert!(hung_up.get().is_cancelled());
+
+        let asked = LazyToken::default();
+        let token = asked.get().clone();
+        asked.cancel();
+        assert!(token.is_cancelled());
+    }
+
+    #[test]
+    fn a_token_made_late_still_follows_the_deadline() {
+        let shutdown = crate::Shutdown::new();
+        let early = LazyToken {
+            parent: Some(Parent::Server(shutdown.watch().clone())),
+            token: OnceLock::new(),
+        };
+        let token = early.get().clone();
+        shutdown.cancel_requests();
+        assert!(token.is_cancelled());
+        let late = LazyToken {
+            parent: Some(Parent::Server(shutdown.watch().clone())),
+            token: OnceLock::new(),
+        };
+        assert!(late.get().is_cancelled(), "born after the deadline");
     }
 }

@@ -1,17 +1,15 @@
 //! Per-connection state shared by a connection's task, its requests and
 //! its socket: protocol, activity, and the deadlines derived from them.
 
-use std::io;
-use std::pin::Pin;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use hyper::Version;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::AsyncRead;
 use tokio::time::Instant;
+use tokio_util::io::InspectReader;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{LifecycleMetrics, Protocol};
@@ -207,83 +205,30 @@ impl Drop for BusyGuard {
 
 /// The client socket, watched: tells the connection state when bytes
 /// arrive (a request head begins) and when they are the HTTP/2 preface.
-pub(crate) struct ObservedStream<Io> {
-    inner: Io,
+pub(crate) fn observed<Io: AsyncRead>(
+    io: Io,
     conn: Arc<ConnState>,
-    /// Bytes of the HTTP/2 preface seen so far; `None` once decided.
-    preface: Option<usize>,
-}
-
-impl<Io> ObservedStream<Io> {
-    pub(crate) fn new(inner: Io, conn: Arc<ConnState>) -> Self {
-        ObservedStream {
-            inner,
-            conn,
-            preface: Some(0),
+) -> InspectReader<Io, impl FnMut(&[u8])> {
+    // Bytes of the preface seen so far; `None` once decided.
+    let mut preface = Some(0);
+    InspectReader::new(io, move |bytes: &[u8]| {
+        if bytes.is_empty() {
+            return; // the end of the stream
         }
-    }
-
-    fn observe(&mut self, bytes: &[u8]) {
-        if let Some(seen) = self.preface {
+        if let Some(seen) = preface {
             let wanted = &H2_PREFACE[seen..];
             let n = wanted.len().min(bytes.len());
-            self.preface = if bytes[..n] != wanted[..n] {
+            preface = if bytes[..n] != wanted[..n] {
                 None
             } else if seen + n == H2_PREFACE.len() {
-                self.conn.observe(Version::HTTP_2);
+                conn.observe(Version::HTTP_2);
                 None
             } else {
                 Some(seen + n)
             };
         }
-        self.conn.bytes_arrived();
-    }
-}
-
-impl<Io: AsyncRead + Unpin> AsyncRead for ObservedStream<Io> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
-        if buf.filled().len() > before {
-            let this = &mut *self;
-            this.observe(&buf.filled()[before..]);
-        }
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<Io: AsyncWrite + Unpin> AsyncWrite for ObservedStream<Io> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
+        conn.bytes_arrived();
+    })
 }
 
 #[cfg(test)]

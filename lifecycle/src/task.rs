@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 use tracing::debug;
 
 use crate::config::{ServeConfig, FIRST_REQUEST_GRACE, GOAWAY_GRACE};
-use crate::connection::{ConnState, ObservedStream};
+use crate::connection::{observed, ConnState};
 use crate::metrics::{ClosedBy, LifecycleMetrics, Protocol};
 use crate::request::Scoped;
 use crate::stage::{Event, Facts, Stage};
@@ -114,7 +114,7 @@ impl<S: HttpService> Connections<S> {
     {
         let conn = ConnState::new(self.metrics(), self.shutdown.request_token());
         let conn = Arc::new(conn);
-        let io = ObservedStream::new(io, Arc::clone(&conn));
+        let io = observed(io, Arc::clone(&conn));
         let connections = self.clone();
         self.shutdown.tracker().spawn(async move {
             let _permit = permit;
@@ -124,12 +124,7 @@ impl<S: HttpService> Connections<S> {
     }
 
     /// Serves the connection through its stages; returns who ended it.
-    async fn run<Io>(
-        self,
-        io: ObservedStream<Io>,
-        conn: Arc<ConnState>,
-        peer: &(dyn Debug + Sync),
-    ) -> ClosedBy
+    async fn run<Io>(self, io: Io, conn: Arc<ConnState>, peer: &(dyn Debug + Sync)) -> ClosedBy
     where
         Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {

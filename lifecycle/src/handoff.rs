@@ -19,7 +19,7 @@ use std::io;
 use std::net::TcpListener;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -181,10 +181,12 @@ async fn upgrade(sockets: &[OwnedFd], successor: &Successor) -> io::Result<u32> 
         let exe = successor.exe.display();
         io::Error::new(error.kind(), format!("cannot start {exe}: {error}"))
     };
-    let notify_path = notify_socket_path();
-    let _ = std::fs::remove_file(&notify_path);
-    let notify = UnixDatagram::bind(&notify_path).map_err(cannot_start)?;
-    let _remove = RemoveOnDrop(&notify_path);
+    // A private socket for the successor's `READY=1`, removed on return.
+    let notify = tempfile::Builder::new()
+        .prefix("lameduck-upgrade-")
+        .suffix(".sock")
+        .make(|path| UnixDatagram::bind(path))
+        .map_err(cannot_start)?;
 
     let mut mappings = Vec::new();
     for (child_fd, socket) in (3..).zip(sockets) {
@@ -206,7 +208,7 @@ async fn upgrade(sockets: &[OwnedFd], successor: &Successor) -> io::Result<u32> 
         .env("LISTEN_FDS", mappings.len().to_string())
         .env("LISTEN_FDNAMES", vec![name; mappings.len()].join(":"))
         .env_remove("LISTEN_PID")
-        .env("NOTIFY_SOCKET", &notify_path)
+        .env("NOTIFY_SOCKET", notify.path())
         .fd_mappings(mappings)
         .map_err(|collision| cannot_start(io::Error::other(collision)))?;
     let mut child = command.spawn().map_err(cannot_start)?;
@@ -214,7 +216,7 @@ async fn upgrade(sockets: &[OwnedFd], successor: &Successor) -> io::Result<u32> 
 
     let ready = async {
         let mut buffer = [0u8; 256];
-        while let Ok(len) = notify.recv(&mut buffer).await {
+        while let Ok(len) = notify.as_file().recv(&mut buffer).await {
             let message = String::from_utf8_lossy(&buffer[..len]);
             if message.lines().any(|line| line == "READY=1") {
                 return;
@@ -237,23 +239,4 @@ async fn upgrade(sockets: &[OwnedFd], successor: &Successor) -> io::Result<u32> 
         let _ = child.kill().await;
     }
     outcome
-}
-
-fn notify_socket_path() -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .subsec_nanos();
-    std::env::temp_dir().join(format!(
-        "lameduck-upgrade-{}-{nanos}.sock",
-        std::process::id()
-    ))
-}
-
-struct RemoveOnDrop<'a>(&'a Path);
-
-impl Drop for RemoveOnDrop<'_> {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(self.0);
-    }
 }

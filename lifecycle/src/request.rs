@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::header::{HeaderValue, CONNECTION};
@@ -40,23 +40,20 @@ pub struct RequestScope {
 /// never ask, and a child token costs two locks on its parent.
 #[derive(Debug, Default)]
 struct LazyToken {
-    /// Whose child the token is: the connection's request token, else the
-    /// server's; a detached scope's is a root.
-    parent: Option<Parent>,
+    /// Whose child the token is: the connection's request token while the
+    /// connection lives (a scope kept longer does not keep it counted
+    /// open), else the server's; a detached scope's is a root.
+    parent: Option<(Watch, Weak<ConnState>)>,
     token: OnceLock<CancellationToken>,
-}
-
-#[derive(Debug)]
-enum Parent {
-    Connection(Arc<ConnState>),
-    Server(Watch),
 }
 
 impl LazyToken {
     fn get(&self) -> &CancellationToken {
         self.token.get_or_init(|| match &self.parent {
-            Some(Parent::Connection(conn)) => conn.requests.child_token(),
-            Some(Parent::Server(shutdown)) => shutdown.request_token(),
+            Some((shutdown, conn)) => match conn.upgrade() {
+                Some(conn) => conn.requests.child_token(),
+                None => shutdown.request_token(),
+            },
             None => CancellationToken::new(),
         })
     }
@@ -209,11 +206,9 @@ where
         let conn = self.conn.clone();
         let shutdown = self.shutdown.clone();
         Box::pin(async move {
+            let conn_state = conn.as_ref().map_or_else(Weak::new, Arc::downgrade);
             let token = Arc::new(LazyToken {
-                parent: Some(match &conn {
-                    Some(conn) => Parent::Connection(Arc::clone(conn)),
-                    None => Parent::Server(shutdown.clone()),
-                }),
+                parent: Some((shutdown.clone(), conn_state)),
                 token: OnceLock::new(),
             });
             request.extensions_mut().insert(RequestScope {
@@ -293,17 +288,21 @@ mod tests {
     #[test]
     fn a_token_made_late_still_follows_the_deadline() {
         let shutdown = crate::Shutdown::new();
-        let early = LazyToken {
-            parent: Some(Parent::Server(shutdown.watch().clone())),
+        let watch = shutdown.watch();
+        let conn = Arc::new(ConnState::new(watch.metrics(), watch.request_token()));
+        let scope = |conn: &Arc<ConnState>| LazyToken {
+            parent: Some((watch.clone(), Arc::downgrade(conn))),
             token: OnceLock::new(),
         };
+        let early = scope(&conn);
         let token = early.get().clone();
+        // A scope kept after its connection closed does not keep the
+        // connection counted open, and its token still has a parent.
+        let late = scope(&conn);
+        drop(conn);
+        assert_eq!(watch.metrics().open_connections(), 0);
         shutdown.cancel_requests();
         assert!(token.is_cancelled());
-        let late = LazyToken {
-            parent: Some(Parent::Server(shutdown.watch().clone())),
-            token: OnceLock::new(),
-        };
         assert!(late.get().is_cancelled(), "born after the deadline");
     }
 }

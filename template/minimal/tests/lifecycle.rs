@@ -22,6 +22,8 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 struct Server {
     child: Child,
     logs: Arc<Mutex<Vec<String>>>,
+    /// The threads reading its stdout and stderr, until their end.
+    readers: Vec<thread::JoinHandle<()>>,
     addr: SocketAddr,
     admin: SocketAddr,
 }
@@ -52,11 +54,14 @@ impl Server {
         }
         let mut child = command.spawn().expect("start the server");
         let logs = Arc::new(Mutex::new(Vec::new()));
-        capture(child.stdout.take().expect("piped"), Arc::clone(&logs));
-        capture(child.stderr.take().expect("piped"), Arc::clone(&logs));
+        let readers = vec![
+            capture(child.stdout.take().expect("piped"), Arc::clone(&logs)),
+            capture(child.stderr.take().expect("piped"), Arc::clone(&logs)),
+        ];
         let mut server = Server {
             child,
             logs,
+            readers,
             addr: ([0, 0, 0, 0], 0).into(),
             admin: ([0, 0, 0, 0], 0).into(),
         };
@@ -97,6 +102,16 @@ impl Server {
         self.logs.lock().expect("logs").clone()
     }
 
+    /// Every line the exited server wrote: its pipes read to their end
+    /// (the last lines may still be in them when the exit is seen). Not
+    /// after an upgrade, whose successor holds the pipes open.
+    fn all_log_lines(&mut self) -> Vec<String> {
+        for reader in self.readers.drain(..) {
+            reader.join().expect("the log reader");
+        }
+        self.log_lines()
+    }
+
     fn signal(&self, signal: Signal) {
         let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
         kill(pid, signal).expect("send the signal");
@@ -132,13 +147,16 @@ impl Drop for Server {
     }
 }
 
-fn capture(pipe: impl Read + Send + 'static, logs: Arc<Mutex<Vec<String>>>) {
+fn capture(
+    pipe: impl Read + Send + 'static,
+    logs: Arc<Mutex<Vec<String>>>,
+) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         for line in BufReader::new(pipe).lines() {
             let Ok(line) = line else { break };
             logs.lock().expect("logs").push(line);
         }
-    });
+    })
 }
 
 fn wait(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
@@ -245,10 +263,13 @@ fn sigterm_answers_the_request_in_flight_then_exits_0() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("hello, Ada"), "{body}");
     assert_eq!(server.exit_code(), 0, "{}", server.log_lines().join("\n"));
-    assert!(server
-        .log_lines()
-        .iter()
-        .any(|line| line.contains("shutdown complete") && line.contains("exit_code=0")));
+    let logs = server.all_log_lines();
+    assert!(
+        logs.iter()
+            .any(|line| line.contains("shutdown complete") && line.contains("exit_code=0")),
+        "{}",
+        logs.join("\n")
+    );
 }
 
 #[test]

@@ -33,16 +33,16 @@ use crate::Watch;
 pub struct RequestScope {
     token: Arc<LazyToken>,
     tracker: TaskTracker,
-    shutdown: Option<Watch>,
 }
 
 /// A request's token, made the first time it is asked for: most requests
 /// never ask, and a child token costs two locks on its parent.
 #[derive(Debug, Default)]
 struct LazyToken {
-    /// Whose child the token is: the connection's request token while the
-    /// connection lives (a scope kept longer does not keep it counted
-    /// open), else the server's; a detached scope's is a root.
+    /// The server's timeline (its drain) and the connection. The token is a
+    /// child of the connection's request token while the connection lives
+    /// (a scope kept longer does not keep it counted open), else of the
+    /// server's; a detached scope's is a root.
     parent: Option<(Watch, Weak<ConnState>)>,
     token: OnceLock<CancellationToken>,
 }
@@ -71,7 +71,6 @@ impl RequestScope {
         RequestScope {
             token: Arc::default(),
             tracker: TaskTracker::new(),
-            shutdown: None,
         }
     }
 
@@ -87,8 +86,8 @@ impl RequestScope {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn draining(&self) {
-        match &self.shutdown {
-            Some(shutdown) => shutdown.draining().await,
+        match &self.token.parent {
+            Some((shutdown, _)) => shutdown.draining().await,
             None => std::future::pending().await,
         }
     }
@@ -214,7 +213,6 @@ where
             request.extensions_mut().insert(RequestScope {
                 token: Arc::clone(&token),
                 tracker: shutdown.tracker().clone(),
-                shutdown: Some(shutdown.clone()),
             });
             shutdown.metrics().request_started();
             let mut in_flight = InFlight {

@@ -244,7 +244,12 @@ impl Generated {
         command
             .args(args)
             .current_dir(self.root())
-            .env("CARGO_TARGET_DIR", target_dir());
+            .env("CARGO_TARGET_DIR", target_dir())
+            // A build to check, not to debug: no debug info, and no
+            // incremental caches, which every run (a new directory) would
+            // only add to. Disk is what CI machines run out of.
+            .env("CARGO_PROFILE_DEV_DEBUG", "0")
+            .env("CARGO_INCREMENTAL", "0");
         let log = self.dir.path().join(format!("{name}.log"));
         run(command, &log, BUILD_TIMEOUT);
     }

@@ -87,6 +87,11 @@ impl ConnState {
         Protocol::ALL[usize::from(self.protocol.load(Acquire))]
     }
 
+    /// Requests of this connection not finished yet.
+    pub(crate) fn busy(&self) -> usize {
+        self.busy.load(Acquire)
+    }
+
     /// Milliseconds since `born`.
     fn now_ms(&self) -> u64 {
         u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX / 2)

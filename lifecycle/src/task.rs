@@ -5,9 +5,10 @@
 use std::convert::Infallible;
 use std::fmt::Debug;
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use hyper::body::{Body, Incoming};
@@ -148,7 +149,7 @@ impl<S: HttpService> Connections<S> {
                 // The connection first: one that closes as soon as it is
                 // asked never arms the other branches' timers.
                 biased;
-                result = connection.as_mut() => {
+                result = coalesced(connection.as_mut(), &conn) => {
                     if let Err(error) = result {
                         debug!(?peer, %error, "connection ended with an error");
                     }
@@ -183,6 +184,32 @@ impl<S: HttpService> Connections<S> {
     }
 }
 
+/// Polls `connection`, except that an HTTP/2 connection whose streams are
+/// still being answered is put off once, behind the tasks ready to run.
+///
+/// Each stream's answer wakes the connection's task, and each poll writes
+/// what is ready: polled at every wake, a connection carrying many streams
+/// makes a write — with `TCP_NODELAY`, a packet — per answer. Put off to
+/// the back of the run queue, the poll finds the answers of the streams
+/// that ran meanwhile and writes them together. A connection with nothing
+/// in flight, or speaking HTTP/1, is polled at once.
+fn coalesced<'a, F: Future>(
+    mut connection: Pin<&'a mut F>,
+    conn: &'a ConnState,
+) -> impl Future<Output = F::Output> + 'a {
+    let mut put_off = false;
+    std::future::poll_fn(move |cx| {
+        if !put_off && conn.protocol() == Protocol::Http2 && conn.busy() > 0 {
+            put_off = true;
+            // Woken while it runs, a task is queued behind the ready ones.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        put_off = false;
+        connection.as_mut().poll(cx)
+    })
+}
+
 /// Spawns HTTP/2 stream tasks on the lifecycle's tracker, so the drain
 /// waits for them as it waits for connections.
 #[derive(Clone, Debug)]
@@ -195,5 +222,75 @@ where
 {
     fn execute(&self, future: F) {
         self.0.spawn(future);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    use std::task::{Context, Wake, Waker};
+
+    use hyper::Version;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::connection::BusyGuard;
+
+    /// Counts the wakes it gets.
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Polls `coalesced` three times over a connection that counts its
+    /// polls: how many reached it, and how many wakes the task got.
+    fn three_polls(conn: &ConnState) -> (usize, usize) {
+        let wakes = Arc::new(Wakes::default());
+        let waker = Waker::from(Arc::clone(&wakes));
+        let mut cx = Context::from_waker(&waker);
+        let polled = AtomicUsize::new(0);
+        let mut connection = pin!(std::future::poll_fn(|_| {
+            polled.fetch_add(1, Relaxed);
+            Poll::<()>::Pending
+        }));
+        let mut coalesced = pin!(coalesced(connection.as_mut(), conn));
+        for _ in 0..3 {
+            assert!(coalesced.as_mut().poll(&mut cx).is_pending());
+        }
+        (polled.load(Relaxed), wakes.0.load(Relaxed))
+    }
+
+    fn conn(version: Version) -> Arc<ConnState> {
+        let conn = ConnState::new(&LifecycleMetrics::default(), CancellationToken::new());
+        conn.observe(version);
+        Arc::new(conn)
+    }
+
+    #[test]
+    fn a_busy_http2_connection_is_put_off_once_per_wake() {
+        let http2 = conn(Version::HTTP_2);
+        let _streams = [
+            BusyGuard::new(Arc::clone(&http2)),
+            BusyGuard::new(Arc::clone(&http2)),
+        ];
+        // Put off, polled, put off again: every other poll reaches it, and
+        // each putting off wakes the task to come back.
+        assert_eq!(three_polls(&http2), (1, 2));
+    }
+
+    #[test]
+    fn an_idle_http2_connection_and_an_http1_one_are_polled_at_once() {
+        assert_eq!(three_polls(&conn(Version::HTTP_2)), (3, 0));
+        let http1 = conn(Version::HTTP_11);
+        let _request = BusyGuard::new(Arc::clone(&http1));
+        assert_eq!(three_polls(&http1), (3, 0));
     }
 }

@@ -883,7 +883,7 @@ pub fn read_response(stream: &mut impl Read) -> io::Result<RawResponse> {
 pub fn wait_for_eof(stream: &mut TcpStream, timeout: Duration) -> io::Result<bool> {
     stream.set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
     let mut byte = [0; 1];
-    let result = match stream.read(&mut byte) {
+    let result = match read_some(stream, &mut byte) {
         Ok(0) => Ok(true),
         Ok(_) => Ok(false),
         Err(e)
@@ -900,6 +900,23 @@ pub fn wait_for_eof(stream: &mut TcpStream, timeout: Duration) -> io::Result<boo
     result
 }
 
+/// `read`, repeated when it was interrupted. A socket read with a timeout
+/// (`SO_RCVTIMEO`, as every client here sets) is never restarted by the
+/// kernel: it fails with EINTR whenever this process is interrupted, as
+/// when it is stopped and continued (signal(7)), which is not the server's
+/// doing.
+///
+/// # Errors
+/// Any other error of `read`.
+pub fn read_some(stream: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match stream.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            result => return result,
+        }
+    }
+}
+
 /// Reads up to and including the blank line that ends a response head.
 fn read_head(stream: &mut impl Read) -> io::Result<String> {
     const MAX_HEAD: usize = 64 * 1024;
@@ -909,7 +926,7 @@ fn read_head(stream: &mut impl Read) -> io::Result<String> {
         if head.len() > MAX_HEAD {
             return Err(invalid("response head too long".to_owned()));
         }
-        if stream.read(&mut byte)? == 0 {
+        if read_some(stream, &mut byte)? == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 format!(

@@ -36,8 +36,8 @@ use tempfile::TempDir;
 use tokio::runtime::Runtime;
 
 use support::binary::{
-    connect, finish_slow_post_of, get, read_response, read_some, start_slow_post_of, wait_for_eof,
-    LameduckProcess, RawResponse,
+    connect, finish_slow_post_of, get, read_response, start_slow_post_of, uninterrupted,
+    wait_for_eof, LameduckProcess, RawResponse,
 };
 use support::postgres::PgCluster;
 
@@ -251,7 +251,7 @@ fn send_until_closed(addr: SocketAddr, bytes: &[u8]) -> (Vec<u8>, Ending) {
     let mut received = Vec::new();
     let mut buf = [0u8; 16 * 1024];
     loop {
-        match read_some(&mut stream, &mut buf) {
+        match uninterrupted(|| stream.read(&mut buf)) {
             Ok(0) => return (received, Ending::Eof),
             Ok(n) => received.extend_from_slice(&buf[..n]),
             Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
@@ -302,14 +302,7 @@ fn assert_no_internals(response: &RawResponse, case: &str) {
 fn silent_for(stream: &TcpStream, within: Duration) -> bool {
     stream.set_read_timeout(Some(within)).expect("read timeout");
     let mut byte = [0u8; 1];
-    // Repeated when interrupted, as `read_some` is.
-    let peeked = loop {
-        match stream.peek(&mut byte) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            peeked => break peeked,
-        }
-    };
-    let silent = match peeked {
+    let silent = match uninterrupted(|| stream.peek(&mut byte)) {
         Ok(_) => false,
         Err(e) => matches!(
             e.kind(),
@@ -401,7 +394,7 @@ fn read_frame(stream: &mut TcpStream) -> io::Result<Option<Frame>> {
     let mut header = [0u8; 9];
     let mut filled = 0;
     while filled < header.len() {
-        match read_some(stream, &mut header[filled..])? {
+        match uninterrupted(|| stream.read(&mut header[filled..]))? {
             0 if filled == 0 => return Ok(None),
             0 => return Err(io::ErrorKind::UnexpectedEof.into()),
             n => filled += n,

@@ -883,7 +883,7 @@ pub fn read_response(stream: &mut impl Read) -> io::Result<RawResponse> {
 pub fn wait_for_eof(stream: &mut TcpStream, timeout: Duration) -> io::Result<bool> {
     stream.set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
     let mut byte = [0; 1];
-    let result = match read_some(stream, &mut byte) {
+    let result = match uninterrupted(|| stream.read(&mut byte)) {
         Ok(0) => Ok(true),
         Ok(_) => Ok(false),
         Err(e)
@@ -900,17 +900,17 @@ pub fn wait_for_eof(stream: &mut TcpStream, timeout: Duration) -> io::Result<boo
     result
 }
 
-/// `read`, repeated when it was interrupted. A socket read with a timeout
-/// (`SO_RCVTIMEO`, as every client here sets) is never restarted by the
-/// kernel: it fails with EINTR whenever this process is interrupted, as
-/// when it is stopped and continued (signal(7)), which is not the server's
-/// doing.
+/// Runs the socket call `op` again while it fails with EINTR. A socket
+/// call with a timeout (`SO_RCVTIMEO`, as every client here sets) is never
+/// restarted by the kernel: it fails with EINTR when a signal handler runs
+/// or the process is stopped and continued (signal(7)), neither of which is
+/// the server's doing.
 ///
 /// # Errors
-/// Any other error of `read`.
-pub fn read_some(stream: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+/// Any other error of `op`.
+pub fn uninterrupted<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
     loop {
-        match stream.read(buf) {
+        match op() {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             result => return result,
         }
@@ -926,7 +926,7 @@ fn read_head(stream: &mut impl Read) -> io::Result<String> {
         if head.len() > MAX_HEAD {
             return Err(invalid("response head too long".to_owned()));
         }
-        if read_some(stream, &mut byte)? == 0 {
+        if uninterrupted(|| stream.read(&mut byte))? == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 format!(

@@ -6,7 +6,7 @@
 // "for the tests", not "exported".
 #![allow(dead_code, unreachable_pub)]
 
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,7 +19,7 @@ use rcgen::{
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 
-use super::binary::{read_response, read_some, RawResponse, IO_TIMEOUT};
+use super::binary::{read_response, uninterrupted, RawResponse, IO_TIMEOUT};
 
 /// A certificate authority of the test's own.
 pub struct TestCa {
@@ -165,7 +165,7 @@ impl TlsClient {
     pub fn closed_cleanly(&mut self, timeout: Duration) -> io::Result<bool> {
         self.stream.sock.set_read_timeout(Some(timeout))?;
         let mut byte = [0; 1];
-        match read_some(&mut self.stream, &mut byte) {
+        match uninterrupted(|| self.stream.read(&mut byte)) {
             Ok(0) => Ok(true),
             Ok(_) => Err(io::Error::other("the server sent data instead of closing")),
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),

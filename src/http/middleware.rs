@@ -222,8 +222,19 @@ pub fn request_span(method: &Method, route: &str, request_id: &str) -> Span {
 /// for (`RUST_LOG=lameduck::http=debug`).
 pub fn on_response(response: &Response<Body>, latency: Duration, span: &Span) {
     let status = response.status().as_u16();
-    span.record("status", status);
-    span.record("latency_ms", latency.as_secs_f64() * 1000.0);
+    let latency_ms = latency.as_secs_f64() * 1000.0;
+    // Both fields in one `record`: each one finds the span and its stored
+    // fields again.
+    if let Some(fields) = span.metadata().map(tracing::Metadata::fields) {
+        if let (Some(status_field), Some(latency_field)) =
+            (fields.field("status"), fields.field("latency_ms"))
+        {
+            span.record_all(&fields.value_set(&[
+                (&status_field, Some(&status as &dyn tracing::Value)),
+                (&latency_field, Some(&latency_ms as &dyn tracing::Value)),
+            ]));
+        }
+    }
     if response.status() == StatusCode::INTERNAL_SERVER_ERROR {
         tracing::warn!(status, ?latency, "request failed");
     } else {

@@ -193,7 +193,7 @@ impl Drop for ConnState {
 /// is done; dropping it ends that.
 #[derive(Debug)]
 #[must_use = "dropping the guard marks the request finished"]
-pub(crate) struct BusyGuard(Arc<ConnState>);
+pub(crate) struct BusyGuard(pub(crate) Arc<ConnState>);
 
 impl BusyGuard {
     pub(crate) fn new(conn: Arc<ConnState>) -> BusyGuard {

@@ -7,19 +7,21 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock, Weak};
+use std::task::{ready, Context, Poll};
 
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::header::{HeaderValue, CONNECTION};
 use hyper::{Request, Response, Version};
+use pin_project_lite::pin_project;
 use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
+use tower::util::Oneshot;
 use tower::ServiceExt;
 use tracing::Instrument;
 
 use crate::connection::{BusyGuard, ConnState};
-use crate::metrics::LifecycleMetrics;
 use crate::Watch;
 
 /// The cancellation scope of one request, found in its extensions.
@@ -128,10 +130,20 @@ impl RequestScope {
 /// request's token and counts the request as aborted.
 #[must_use = "dropping the guard ends the request's in-flight count"]
 struct InFlight {
-    metrics: LifecycleMetrics,
+    shutdown: Watch,
     token: Arc<LazyToken>,
     /// `Some(after_signal)` once the response head is out.
     answered: Option<bool>,
+}
+
+impl InFlight {
+    /// The response head is out: ends the in-flight count. `true` if the
+    /// shutdown had begun.
+    fn answer(mut self) -> bool {
+        let shutting_down = self.shutdown.is_triggered();
+        self.answered = Some(shutting_down);
+        shutting_down
+    }
 }
 
 impl Drop for InFlight {
@@ -139,7 +151,7 @@ impl Drop for InFlight {
         if self.answered.is_none() {
             self.token.cancel();
         }
-        self.metrics.request_ended(self.answered);
+        self.shutdown.metrics().request_ended(self.answered);
     }
 }
 
@@ -178,17 +190,12 @@ impl<S> Scoped<S> {
 
 impl<S, ReqBody, ResBody> hyper::service::Service<Request<ReqBody>> for Scoped<S>
 where
-    S: tower::Service<Request<ReqBody>, Response = Response<ResBody>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-    ReqBody: Send + 'static,
+    S: tower::Service<Request<ReqBody>, Response = Response<ResBody>, Error = Infallible> + Clone,
     ResBody: Body + Unpin,
 {
     type Response = Response<TrackedBody<ResBody>>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+    type Future = ScopedFuture<Oneshot<S, Request<ReqBody>>>;
 
     fn call(&self, mut request: Request<ReqBody>) -> Self::Future {
         let http2 = request.version() == Version::HTTP_2;
@@ -198,44 +205,64 @@ where
                 conn.goaway.cancel();
             }
         }
-        // The connection is busy until the response body is done.
-        let busy = self.conn.clone().map(BusyGuard::new);
-
-        let inner = self.inner.clone();
-        let conn = self.conn.clone();
-        let shutdown = self.shutdown.clone();
-        Box::pin(async move {
-            let conn_state = conn.as_ref().map_or_else(Weak::new, Arc::downgrade);
-            let token = Arc::new(LazyToken {
-                parent: Some((shutdown.clone(), conn_state)),
-                token: OnceLock::new(),
-            });
-            request.extensions_mut().insert(RequestScope {
-                token: Arc::clone(&token),
-                tracker: shutdown.tracker().clone(),
-            });
-            shutdown.metrics().request_started();
-            let mut in_flight = InFlight {
-                metrics: shutdown.metrics().clone(),
+        let conn = self.conn.as_ref().map_or_else(Weak::new, Arc::downgrade);
+        let token = Arc::new(LazyToken {
+            parent: Some((self.shutdown.clone(), conn)),
+            token: OnceLock::new(),
+        });
+        request.extensions_mut().insert(RequestScope {
+            token: Arc::clone(&token),
+            tracker: self.shutdown.tracker().clone(),
+        });
+        self.shutdown.metrics().request_started();
+        ScopedFuture {
+            inner: self.inner.clone().oneshot(request),
+            in_flight: Some(InFlight {
+                shutdown: self.shutdown.clone(),
                 token,
                 answered: None,
-            };
+            }),
+            http2,
+            // The connection is busy until the response body is done.
+            busy: self.conn.clone().map(BusyGuard::new),
+        }
+    }
+}
 
-            let mut response = inner.oneshot(request).await?;
+pin_project! {
+    /// One request through [`Scoped`]: the application's answer, then
+    /// `Connection: close` on it if the shutdown has begun.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ScopedFuture<F> {
+        #[pin]
+        inner: F,
+        in_flight: Option<InFlight>,
+        http2: bool,
+        busy: Option<BusyGuard>,
+    }
+}
 
-            let shutting_down = shutdown.is_triggered();
-            in_flight.answered = Some(shutting_down);
-            drop(in_flight);
-            if shutting_down && !http2 {
-                response
-                    .headers_mut()
-                    .insert(CONNECTION, HeaderValue::from_static("close"));
-                if let Some(conn) = conn {
-                    conn.close_sent.store(true, Ordering::Release);
-                }
+impl<F, B> Future for ScopedFuture<F>
+where
+    F: Future<Output = Result<Response<B>, Infallible>>,
+    B: Body + Unpin,
+{
+    type Output = Result<Response<TrackedBody<B>>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Ok(mut response) = ready!(this.inner.poll(cx));
+        let shutting_down = this.in_flight.take().is_some_and(InFlight::answer);
+        let busy = this.busy.take();
+        if shutting_down && !*this.http2 {
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            if let Some(BusyGuard(conn)) = &busy {
+                conn.close_sent.store(true, Ordering::Release);
             }
-            Ok(response.map(|inner| TrackedBody { inner, _busy: busy }))
-        })
+        }
+        Poll::Ready(Ok(response.map(|inner| TrackedBody { inner, _busy: busy })))
     }
 }
 

@@ -249,7 +249,9 @@ pub struct Watch {
 impl Watch {
     /// `true` once shutdown has started; readiness is the negation of this.
     pub fn is_triggered(&self) -> bool {
-        self.timeline.triggered.is_cancelled()
+        // The reason is set first thing: an atomic load, where asking the
+        // token locks it (every request asks, from every thread).
+        self.timeline.reason.get().is_some()
     }
 
     /// Resolves once shutdown has started.

@@ -375,7 +375,7 @@ impl Finish {
 ///
 /// Its bits come from `fastrand`'s per-thread generator, not from a
 /// cryptographic one: an id correlates log lines and is no secret, and the
-/// cryptographic generator cost more than the rest of this step.
+/// cryptographic generator cost nearly half of this step.
 fn request_id(request: &mut Request) -> HeaderValue {
     if let Some(id) = request.headers().get(X_REQUEST_ID) {
         return id.clone();

@@ -327,4 +327,47 @@ mod tests {
             0
         );
     }
+
+    // The answer's status and latency go on the request's span (in one
+    // `record`): every line the request logged, or logs later, carries them.
+    #[test]
+    fn the_answer_s_status_and_latency_are_recorded_on_the_request_span() {
+        use std::sync::{Arc, Mutex};
+        use tracing::field::{Field, Visit};
+        use tracing_subscriber::layer::{Context, SubscriberExt};
+
+        /// Every value recorded on a span after its creation, as
+        /// `name=value`.
+        #[derive(Clone, Default)]
+        struct Recorded(Arc<Mutex<Vec<String>>>);
+
+        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Recorded {
+            fn on_record(
+                &self,
+                _: &tracing::Id,
+                values: &tracing::span::Record<'_>,
+                _: Context<'_, S>,
+            ) {
+                struct Values<'a>(&'a mut Vec<String>);
+                impl Visit for Values<'_> {
+                    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+                        self.0.push(format!("{}={value:?}", field.name()));
+                    }
+                }
+                values.record(&mut Values(&mut self.0.lock().expect("lock")));
+            }
+        }
+
+        let recorded = Recorded::default();
+        let subscriber = tracing_subscriber::registry().with(recorded.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            let span = request_span(&Method::GET, "/{code}", "an-id");
+            let response = StatusCode::NOT_FOUND.into_response();
+            on_response(&response, Duration::from_micros(2500), &span);
+        });
+        assert_eq!(
+            *recorded.0.lock().expect("lock"),
+            ["status=404", "latency_ms=2.5"]
+        );
+    }
 }

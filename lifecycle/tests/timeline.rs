@@ -10,7 +10,7 @@ use axum::{Extension, Router};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper::{Request, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use lameduck_lifecycle::{
     serve, DrainOutcome, DrainReport, Force, RequestScope, ServeConfig, Shutdown, Trigger, Watch,
 };
@@ -218,6 +218,57 @@ async fn a_client_that_hangs_up_cancels_its_request_and_cleanup_runs() {
     let report = harness.serve.await.expect("serve");
     assert_eq!(report.outcome, DrainOutcome::Clean);
     assert_eq!(report.requests_aborted, 1);
+}
+
+// The same guard over HTTP/2, where a client cuts one request without
+// closing the connection: RST_STREAM drops that stream's request future
+// only. Its token fires, the cleanup runs, and the connection serves on.
+// Real time: the reset takes more hops than a hang-up (the client's tasks,
+// then its connection's write), and paused time, finding the runtime idle
+// while the bytes cross loopback, would jump to the timeout. A passing run
+// takes milliseconds; a broken guard fails at the timeout.
+#[tokio::test]
+async fn an_http2_stream_the_client_resets_cancels_its_request_and_the_connection_serves_on() {
+    let mut harness = start(ServeConfig {
+        drain_delay: Duration::ZERO,
+        shutdown_timeout: LONG,
+        ..ServeConfig::default()
+    })
+    .await;
+    let stream = TcpStream::connect(harness.addr).await.expect("connect");
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(connection);
+    let request = |path: &str| {
+        Request::get(format!("http://lameduck.test{path}"))
+            .body(Empty::<Bytes>::new())
+            .expect("request")
+    };
+    // Dropping the response future resets the stream (RST_STREAM CANCEL).
+    let cut = tokio::spawn(sender.clone().send_request(request("/until-cancelled")));
+    assert_eq!(harness.entered.recv().await, Some("until_cancelled"));
+    cut.abort();
+
+    let cleaned = tokio::time::timeout(Duration::from_secs(10), harness.cleaned_up.recv()).await;
+    assert_eq!(
+        cleaned.expect("token fired after the stream's reset"),
+        Some("until_cancelled")
+    );
+    assert_eq!(harness.watch.metrics().snapshot().requests_aborted, 1);
+    let response = sender
+        .clone()
+        .send_request(request("/ok"))
+        .await
+        .expect("the same connection, after the reset");
+    assert_eq!(response.status(), StatusCode::OK);
+
+    harness.trigger.trigger("test");
+    let report = harness.serve.await.expect("serve");
+    assert_eq!(report.outcome, DrainOutcome::Clean);
+    assert_eq!(report.requests_aborted, 1);
+    assert_eq!(report.requests_drained, 0);
 }
 
 // Lame duck: the server still accepts and serves new connections after the

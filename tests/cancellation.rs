@@ -15,9 +15,11 @@ use axum::routing::post;
 use axum::{Json, Router};
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
+use hyper::body::{Bytes, Incoming};
+use hyper::client::conn::http2;
 use hyper::service::Service as _;
 use hyper::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use lameduck::config::{Cli, Command, ServerConfig};
 use lameduck::exit::Exit;
 use lameduck::lifecycle::{self, DrainOutcome, Lifecycle, Scoped, ServeConfig, Shutdown};
@@ -146,13 +148,82 @@ struct LockedInsert {
     same_backends: bool,
 }
 
+/// How the client leaves a request it no longer wants.
+#[derive(Clone, Copy, Debug)]
+enum Leave {
+    /// HTTP/1.1: it closes the connection.
+    HangUp,
+    /// HTTP/2: it resets the request's stream (RST_STREAM) and keeps the
+    /// connection.
+    ResetStream,
+}
+
+/// A client with a `POST` in flight.
+enum Posting {
+    Http1(TcpStream),
+    Http2 {
+        sender: http2::SendRequest<Full<Bytes>>,
+        response: tokio::task::JoinHandle<hyper::Result<hyper::Response<Incoming>>>,
+    },
+}
+
+impl Posting {
+    /// Sends `POST path` with the JSON `body`, over HTTP/1.1 or HTTP/2 as
+    /// `leave` will need.
+    async fn start(addr: SocketAddr, path: &str, body: String, leave: Leave) -> Posting {
+        let mut tcp = TcpStream::connect(addr).await.expect("connect");
+        match leave {
+            Leave::HangUp => {
+                let head = format!(
+                    "POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                );
+                tcp.write_all(format!("{head}{body}").as_bytes())
+                    .await
+                    .expect("send");
+                Posting::Http1(tcp)
+            }
+            Leave::ResetStream => {
+                let (sender, connection) =
+                    http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                        .await
+                        .expect("HTTP/2 handshake");
+                tokio::spawn(connection);
+                let request = Request::post(format!("http://t{path}"))
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(body)))
+                    .expect("request");
+                let response = tokio::spawn(sender.clone().send_request(request));
+                Posting::Http2 { sender, response }
+            }
+        }
+    }
+
+    /// Leaves the request. Over HTTP/2 the connection stays, and is
+    /// returned: dropping the response resets only the stream.
+    fn leave(self) -> Option<http2::SendRequest<Full<Bytes>>> {
+        match self {
+            Posting::Http1(tcp) => {
+                drop(tcp);
+                None
+            }
+            Posting::Http2 { sender, response } => {
+                response.abort();
+                Some(sender)
+            }
+        }
+    }
+}
+
 /// Holds `ACCESS EXCLUSIVE` on `links`, sends `POST path` for `code`, waits
-/// until the app's statement blocks on the lock, hangs up, and watches.
+/// until the app's statement blocks on the lock, leaves as `leave` says, and
+/// watches.
 async fn insert_blocked_then_client_leaves(
     admin: &PgPool,
     addr: SocketAddr,
     path: &str,
     code: &str,
+    leave: Leave,
 ) -> LockedInsert {
     let before: Vec<i32> = app_backends(admin).await.iter().map(|b| b.0).collect();
     assert_eq!(before.len(), 1, "pool of one, already connected");
@@ -164,17 +235,7 @@ async fn insert_blocked_then_client_leaves(
         .expect("lock");
 
     let body = format!(r#"{{"url":"https://example.com/{code}","code":"{code}"}}"#);
-    let mut client = TcpStream::connect(addr).await.expect("connect");
-    client
-        .write_all(
-            format!(
-                "POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .await
-        .expect("send");
+    let posting = Posting::start(addr, path, body, leave).await;
     let blocked = eventually(Duration::from_secs(10), || async {
         app_backends(admin)
             .await
@@ -184,7 +245,7 @@ async fn insert_blocked_then_client_leaves(
     .await;
     assert!(blocked.is_some(), "the insert never blocked on the lock");
 
-    drop(client);
+    let kept = posting.leave();
     let released_after = eventually(Duration::from_secs(1), || async {
         !app_backends(admin)
             .await
@@ -215,6 +276,17 @@ async fn insert_blocked_then_client_leaves(
     })
     .await;
     let after: Vec<i32> = app_backends(admin).await.iter().map(|b| b.0).collect();
+    // The HTTP/2 connection whose stream was reset still serves.
+    if let Some(mut sender) = kept {
+        let request = Request::get("http://t/healthz")
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let response = sender
+            .send_request(request)
+            .await
+            .expect("the same connection");
+        assert_eq!(response.status(), StatusCode::OK);
+    }
     LockedInsert {
         released_after,
         idle_in_transaction: idle_in_transaction || settled.is_none(),
@@ -252,6 +324,17 @@ async fn create_via_http(addr: SocketAddr, code: &str) -> u16 {
 // at once, the transaction rolled back, and the same connection reused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_leaving_a_blocked_insert_cancels_it_and_returns_the_connection_clean() {
+    leaving_a_blocked_insert_cancels_it_and_returns_the_connection_clean(Leave::HangUp).await;
+}
+
+// The same over HTTP/2, where a client cuts one request and keeps the
+// connection: the stream's reset alone cancels the statement and rolls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_resetting_a_blocked_insert_cancels_it_and_returns_the_connection_clean() {
+    leaving_a_blocked_insert_cancels_it_and_returns_the_connection_clean(Leave::ResetStream).await;
+}
+
+async fn leaving_a_blocked_insert_cancels_it_and_returns_the_connection_clean(leave: Leave) {
     let cluster = PgCluster::start();
     let data = TempDir::new().expect("tempdir");
     let lifecycle = Lifecycle::new();
@@ -262,7 +345,8 @@ async fn a_client_leaving_a_blocked_insert_cancels_it_and_returns_the_connection
     let admin = admin_pool(&cluster).await;
     assert_eq!(create_via_http(addr, "warmup").await, 201);
 
-    let seen = insert_blocked_then_client_leaves(&admin, addr, "/api/links", "blocked").await;
+    let seen =
+        insert_blocked_then_client_leaves(&admin, addr, "/api/links", "blocked", leave).await;
 
     let released = seen
         .released_after
@@ -352,7 +436,9 @@ async fn without_the_guard_the_same_scenario_leaves_the_bad_state_the_test_detec
     let admin = admin_pool(&cluster).await;
     assert_eq!(create_via_http(addr, "warmup").await, 201);
 
-    let seen = insert_blocked_then_client_leaves(&admin, addr, "/unguarded", "unguarded").await;
+    let seen =
+        insert_blocked_then_client_leaves(&admin, addr, "/unguarded", "unguarded", Leave::HangUp)
+            .await;
 
     assert_eq!(seen.released_after, None, "{seen:?}");
     assert!(seen.idle_in_transaction, "{seen:?}");

@@ -6,14 +6,16 @@
 //!
 //! 1. a body announced larger than `--max-body-bytes` (its
 //!    `Content-Length`, or the size the body reports) gets 413 before any of
-//!    it is read: no `100 Continue`, and `Connection: close` on HTTP/1.1;
+//!    it is read: no `100 Continue`, and `Connection: close` on HTTP/1.1
+//!    (a request whose body has already ended, as a `GET` without one, has
+//!    nothing to refuse and goes straight to step 3);
 //! 2. the body is read in full ([`super::body`]), outside the limit, so a
 //!    slow upload holds a connection, never a slot;
 //! 3. a slot under `--max-concurrent-requests`, or 503 with `Retry-After`
 //!    at once (no queueing); the slot is held until the response head is
 //!    ready;
 //! 4. axum's own body limit (for its extractors) is set to the same
-//!    figure.
+//!    figure, on requests that have a body.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -66,12 +68,11 @@ impl Admission {
 }
 
 impl<S> Layer<S> for Admission {
-    type Service = AdmissionService<<DefaultBodyLimit as Layer<S>>::Service>;
+    type Service = AdmissionService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let limit = DefaultBodyLimit::max(self.shared.reading.max_bytes);
         AdmissionService {
-            inner: limit.layer(inner),
+            inner,
             shared: Arc::clone(&self.shared),
         }
     }
@@ -99,11 +100,9 @@ where
 
     fn call(&mut self, request: Request) -> Self::Future {
         let shared = &self.shared;
-        if let Some(refused) = announced_too_large(shared, &request) {
-            return AdmissionFuture::answered(refused);
-        }
         if request.body().is_end_stream() {
-            // No body to wait for (a redirect, a read): a slot now.
+            // No body (a redirect, a read): nothing to refuse or wait for;
+            // a slot now.
             return match admit(shared) {
                 Some(slot) => AdmissionFuture {
                     state: State::Admitted {
@@ -114,10 +113,17 @@ where
                 None => AdmissionFuture::answered(middleware::shed(&shared.metrics)),
             };
         }
+        if let Some(refused) = announced_too_large(shared, &request) {
+            return AdmissionFuture::answered(refused);
+        }
         // The service polled ready serves this request once its body is
         // read; a clone takes its place for the next.
+        // Step 4 here, where a body is to be read: a request without one
+        // has nothing for axum's limit to apply to, and setting it takes an
+        // extension (one too many for the map's first allocation).
         let clone = self.inner.clone();
-        let mut ready = std::mem::replace(&mut self.inner, clone);
+        let limit = DefaultBodyLimit::max(shared.reading.max_bytes);
+        let mut ready = limit.layer(std::mem::replace(&mut self.inner, clone));
         let shared = Arc::clone(shared);
         let future = Box::pin(async move {
             let request = match body::read_first(request, shared.reading).await {

@@ -2,10 +2,10 @@
 //! created, so a cached redirect needs no database at all: it keeps
 //! redirecting (and counting hits) while the database is away.
 
-use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError};
+
+use super::shard::ShardPicker;
 
 const SHARDS: usize = 32;
 
@@ -18,22 +18,21 @@ type Shard = Mutex<HashMap<Box<str>, Arc<str>>>;
 #[derive(Clone, Debug)]
 pub struct LinkCache {
     shards: Arc<[Shard]>,
-    hasher: RandomState,
+    picker: ShardPicker,
 }
 
 impl Default for LinkCache {
     fn default() -> Self {
         LinkCache {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: RandomState::new(),
+            picker: ShardPicker::new(),
         }
     }
 }
 
 impl LinkCache {
     fn shard(&self, code: &str) -> &Shard {
-        let index = usize::try_from(self.hasher.hash_one(code)).unwrap_or_default() % SHARDS;
-        &self.shards[index]
+        &self.shards[self.picker.pick(code, SHARDS)]
     }
 
     /// The URL of `code`, if cached.

@@ -19,9 +19,7 @@
 //! The honest bound: after SIGKILL, an OOM kill or power loss, the hits
 //! since the last flush (at most one flush interval's worth) are lost.
 
-use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -37,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::batch::new_batch_id;
 pub use super::batch::{Batch, Hits};
+use super::shard::ShardPicker;
 use super::spill;
 use crate::lifecycle::BoxError;
 use crate::storage::{Storage, StorageError, StoredLink};
@@ -121,7 +120,7 @@ pub struct HitCounter {
 #[derive(Debug)]
 struct Inner {
     shards: Box<[Mutex<HashMap<String, u64>>]>,
-    hasher: RandomState,
+    picker: ShardPicker,
     /// Batches taken out of the shards whose commit is not confirmed yet
     /// (in flight, or failed), oldest first, and the id of the batch the
     /// shards will become: every pending hit already has its batch id, so a
@@ -161,7 +160,7 @@ impl Default for HitCounter {
         HitCounter {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-                hasher: RandomState::new(),
+                picker: ShardPicker::new(),
                 unconfirmed: Mutex::default(),
                 many_pending: Notify::new(),
                 flush_lock: tokio::sync::Mutex::new(()),
@@ -224,7 +223,7 @@ impl HitCounter {
         if !inner.counting.load(Ordering::Relaxed) {
             return;
         }
-        let shard = usize::try_from(inner.hasher.hash_one(code)).unwrap_or_default() % SHARDS;
+        let shard = inner.picker.pick(code, SHARDS);
         {
             let mut counts = lock(&inner.shards[shard]);
             match counts.get_mut(code) {
@@ -307,7 +306,7 @@ impl HitCounter {
     /// seen twice or missed on its way from a shard into a batch.
     fn pending_for(&self, code: &str) -> Vec<(String, u64)> {
         let inner = &*self.inner;
-        let shard = usize::try_from(inner.hasher.hash_one(code)).unwrap_or_default() % SHARDS;
+        let shard = inner.picker.pick(code, SHARDS);
         let unconfirmed = lock(&inner.unconfirmed);
         let mut pending: Vec<(String, u64)> = unconfirmed
             .batches

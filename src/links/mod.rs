@@ -9,6 +9,7 @@ pub mod cache;
 mod error;
 pub mod hits;
 pub mod live;
+mod shard;
 pub mod spill;
 pub mod validate;
 

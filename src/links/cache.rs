@@ -1,9 +1,14 @@
-//! A bounded in-memory cache of code → URL. Links never change once
-//! created, so a cached redirect needs no database at all: it keeps
-//! redirecting (and counting hits) while the database is away.
+//! A bounded in-memory cache of code → `Location` header. Links never
+//! change once created, so a cached redirect needs no database at all: it
+//! keeps redirecting (and counting hits) while the database is away. The
+//! header value is made once, when the link is cached, and shared by every
+//! redirect after (a clone counts a reference; making it checked and copied
+//! the URL on every redirect).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::http::HeaderValue;
 
 use super::shard::ShardPicker;
 
@@ -12,7 +17,7 @@ const SHARDS: usize = 32;
 /// Entries per shard; past it an arbitrary entry makes room.
 const SHARD_CAPACITY: usize = 4096;
 
-type Shard = Mutex<HashMap<Box<str>, Arc<str>>>;
+type Shard = Mutex<HashMap<Box<str>, HeaderValue>>;
 
 /// The cache. Cloning shares it.
 #[derive(Clone, Debug)]
@@ -35,8 +40,8 @@ impl LinkCache {
         &self.shards[self.picker.pick(code, SHARDS)]
     }
 
-    /// The URL of `code`, if cached.
-    pub fn get(&self, code: &str) -> Option<Arc<str>> {
+    /// The `Location` of `code`, if cached.
+    pub fn get(&self, code: &str) -> Option<HeaderValue> {
         self.shard(code)
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -44,8 +49,8 @@ impl LinkCache {
             .cloned()
     }
 
-    /// Remembers `code` → `url`.
-    pub fn insert(&self, code: &str, url: &str) {
+    /// Remembers `code` → `location`.
+    pub fn insert(&self, code: &str, location: HeaderValue) {
         let mut shard = self
             .shard(code)
             .lock()
@@ -55,7 +60,7 @@ impl LinkCache {
                 shard.remove(&victim);
             }
         }
-        shard.insert(code.into(), url.into());
+        shard.insert(code.into(), location);
     }
 }
 
@@ -66,11 +71,12 @@ mod tests {
     #[test]
     fn remembers_and_stays_bounded() {
         let cache = LinkCache::default();
-        cache.insert("abc", "https://example.com/");
-        assert_eq!(cache.get("abc").as_deref(), Some("https://example.com/"));
+        let location = HeaderValue::from_static("https://example.com/");
+        cache.insert("abc", location.clone());
+        assert_eq!(cache.get("abc"), Some(location.clone()));
         assert_eq!(cache.get("xyz"), None);
         for i in 0..(SHARDS * SHARD_CAPACITY * 2) {
-            cache.insert(&format!("code{i}"), "https://example.com/");
+            cache.insert(&format!("code{i}"), location.clone());
         }
         let entries: usize = cache
             .shards

@@ -126,7 +126,9 @@ async fn create(
         .await
         .map_err(|error| ApiError::Internal(Box::new(error)))??;
 
-    cache.insert(&link.code, &link.url);
+    if let Ok(redirect) = HeaderValue::from_str(&link.url) {
+        cache.insert(&link.code, redirect);
+    }
     let location = format!("/api/links/{}", link.code);
     let body = LinkCreated {
         code: link.code,
@@ -167,22 +169,23 @@ async fn redirect(
     State(cache): State<LinkCache>,
     Path(code): Path<String>,
 ) -> Result<Response, ApiError> {
-    let url = match cache.get(&code) {
-        Some(url) => url,
+    let location = match cache.get(&code) {
+        Some(location) => location,
         None => {
             let link = storage
                 .find_link(&code)
                 .await?
                 .ok_or_else(|| not_found(&code))?;
-            let url = validate::normalise(&link.url).map_err(|reason| {
+            let location = validate::normalise(&link.url)
+                .and_then(|url| HeaderValue::from_str(&url).map_err(|error| error.to_string()));
+            let location = location.map_err(|reason| {
                 let code = link.code.clone();
                 ApiError::Internal(UnredirectableLink { code, reason }.into())
             })?;
-            cache.insert(&link.code, &url);
-            url.into()
+            cache.insert(&link.code, location.clone());
+            location
         }
     };
-    let location = HeaderValue::from_str(&url).map_err(|error| ApiError::Internal(error.into()))?;
     hits.record(&code);
     Ok((StatusCode::TEMPORARY_REDIRECT, [(LOCATION, location)]).into_response())
 }

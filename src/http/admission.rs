@@ -117,10 +117,10 @@ where
             return AdmissionFuture::answered(refused);
         }
         // The service polled ready serves this request once its body is
-        // read; a clone takes its place for the next.
-        // Step 4 here, where a body is to be read: a request without one
-        // has nothing for axum's limit to apply to, and setting it takes an
-        // extension (one too many for the map's first allocation).
+        // read, under axum's limit (step 4, only here: a request without a
+        // body has nothing for it to apply to, and setting it takes an
+        // extension, one too many for the map's first allocation); a clone
+        // takes its place for the next.
         let clone = self.inner.clone();
         let limit = DefaultBodyLimit::max(shared.reading.max_bytes);
         let mut ready = limit.layer(std::mem::replace(&mut self.inner, clone));

@@ -40,12 +40,6 @@ impl ShardPicker {
     }
 }
 
-impl Default for ShardPicker {
-    fn default() -> Self {
-        ShardPicker::new()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,7 @@
 //! Per-connection state shared by a connection's task, its requests and
 //! its socket: protocol, activity, and the deadlines derived from them.
 
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +16,10 @@ use crate::metrics::{LifecycleMetrics, Protocol};
 
 /// The client preface that opens every HTTP/2 connection.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The fewest HTTP/2 answers worth a write of their own before the rest of
+/// their batch: below it, a second write costs more than it overlaps.
+pub(crate) const MIN_HALF_BATCH: usize = 16;
 
 /// What one connection's task, its requests and its socket share.
 #[derive(Debug)]
@@ -40,6 +44,9 @@ pub(crate) struct ConnState {
     /// Requests of this connection not finished yet: from the head until
     /// the response body has been sent (or dropped).
     busy: AtomicUsize,
+    /// HTTP/2 answers made since the connection's task last polled the
+    /// connection, i.e. not yet handed to a write.
+    unwritten: AtomicUsize,
     /// When the client started sending a request head while the connection
     /// was not busy, in milliseconds since `born` plus one; 0 when no head
     /// is pending. Starts at accept: a new connection owes its first head.
@@ -60,6 +67,7 @@ impl ConnState {
             requests,
             close_sent: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
+            unwritten: AtomicUsize::new(0),
             head_since: AtomicU64::new(1),
             idle_since: AtomicU64::new(0),
             born: Instant::now(),
@@ -90,6 +98,25 @@ impl ConnState {
     /// Requests of this connection not finished yet.
     pub(crate) fn busy(&self) -> usize {
         self.busy.load(Acquire)
+    }
+
+    /// An HTTP/2 answer is ready for the connection to write.
+    pub(crate) fn answer_ready(&self) {
+        self.unwritten.fetch_add(1, Relaxed);
+    }
+
+    /// The connection's task polls the connection, which writes every
+    /// answer made so far.
+    pub(crate) fn writing(&self) {
+        self.unwritten.store(0, Relaxed);
+    }
+
+    /// Half of a large batch of HTTP/2 streams has been answered and not
+    /// written: a stream about to start should let the connection write
+    /// them first, so that the client works on them meanwhile.
+    pub(crate) fn half_answered(&self) -> bool {
+        let unwritten = self.unwritten.load(Relaxed);
+        unwritten >= MIN_HALF_BATCH && unwritten >= self.busy()
     }
 
     /// Milliseconds since `born`.
@@ -250,6 +277,36 @@ mod tests {
         let start = Instant::now();
         deadline.await;
         start.elapsed()
+    }
+
+    // Streams answered one by one, each dropping its guard: the batch of
+    // 40 is half answered when the 21st starts, until the connection
+    // writes; a batch of `MIN_HALF_BATCH` never is.
+    #[test]
+    fn a_large_http2_batch_is_half_answered_once_half_its_answers_wait() {
+        let conn = Arc::new(conn());
+        let batch = |n| {
+            (0..n)
+                .map(|_| BusyGuard::new(Arc::clone(&conn)))
+                .collect::<Vec<_>>()
+        };
+        let mut first_half_answered = None;
+        for (k, stream) in batch(40).into_iter().enumerate() {
+            if conn.half_answered() {
+                first_half_answered.get_or_insert(k);
+            }
+            conn.answer_ready();
+            drop(stream);
+        }
+        assert_eq!(first_half_answered, Some(20));
+        conn.writing();
+        assert!(!conn.half_answered());
+
+        for stream in batch(MIN_HALF_BATCH) {
+            assert!(!conn.half_answered());
+            conn.answer_ready();
+            drop(stream);
+        }
     }
 
     // The idle deadline counts from the end of the last request, to the

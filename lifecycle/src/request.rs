@@ -223,6 +223,7 @@ where
                 answered: None,
             }),
             http2,
+            first_poll: true,
             // The connection is busy until the response body is done.
             busy: self.conn.clone().map(BusyGuard::new),
         }
@@ -238,6 +239,7 @@ pin_project! {
         inner: F,
         in_flight: Option<InFlight>,
         http2: bool,
+        first_poll: bool,
         busy: Option<BusyGuard>,
     }
 }
@@ -251,9 +253,20 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
+        let conn = this.busy.as_ref().map(|BusyGuard(conn)| conn);
+        if std::mem::take(this.first_poll) && *this.http2 && conn.is_some_and(|c| c.half_answered())
+        {
+            // Starts behind the connection's task, which writes the half
+            // answered: the client works on it while this half is made.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         let Ok(mut response) = ready!(this.inner.poll(cx));
         let shutting_down = this.in_flight.take().is_some_and(InFlight::answer);
         let busy = this.busy.take();
+        if let Some(BusyGuard(conn)) = busy.as_ref().filter(|_| *this.http2) {
+            conn.answer_ready();
+        }
         if shutting_down && !*this.http2 {
             response
                 .headers_mut()
@@ -329,5 +342,46 @@ mod tests {
         shutdown.cancel_requests();
         assert!(token.is_cancelled());
         assert!(late.get().is_cancelled(), "born after the deadline");
+    }
+
+    // A stream that starts once half of its batch waits to be written goes
+    // behind the connection's task, once: its first poll wakes it and
+    // returns, the next answers. Once the connection wrote, none waits.
+    #[test]
+    fn a_stream_of_a_half_answered_batch_lets_the_connection_write_first() {
+        use std::sync::atomic::Ordering::Relaxed;
+        use std::task::Waker;
+
+        use crate::task::tests::Wakes;
+
+        let shutdown = crate::Shutdown::new();
+        let watch = shutdown.watch();
+        let conn = Arc::new(ConnState::new(watch.metrics(), watch.request_token()));
+        conn.observe(Version::HTTP_2);
+        let answer = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) };
+        let scoped =
+            Scoped::for_connection(tower::service_fn(answer), watch.clone(), Arc::clone(&conn));
+        let wakes = Arc::new(Wakes::default());
+        let waker = Waker::from(Arc::clone(&wakes));
+        let mut cx = Context::from_waker(&waker);
+        let mut stream = || {
+            let request = Request::builder().version(Version::HTTP_2).body(());
+            let mut stream = Box::pin(hyper::service::Service::call(
+                &scoped,
+                request.expect("request"),
+            ));
+            let mut polls = 1;
+            while stream.as_mut().poll(&mut cx).is_pending() && polls < 3 {
+                polls += 1;
+            }
+            (polls, wakes.0.swap(0, Relaxed))
+        };
+
+        for _ in 0..crate::connection::MIN_HALF_BATCH {
+            conn.answer_ready();
+        }
+        assert_eq!(stream(), (2, 1), "put off once, and woken");
+        conn.writing();
+        assert_eq!(stream(), (1, 0), "nothing waits to be written");
     }
 }

@@ -193,6 +193,12 @@ impl<S: HttpService> Connections<S> {
 /// the back of the run queue, the poll finds the answers of the streams
 /// that ran meanwhile and writes them together. A connection with nothing
 /// in flight, or speaking HTTP/1, is polled at once.
+///
+/// One write for a whole batch would make the client wait for its last
+/// answer before it can work on the first, and the server wait for the
+/// client: a large batch is written in two halves instead. A stream that
+/// starts once half of its batch is answered goes behind this task
+/// ([`ConnState::half_answered`]).
 fn coalesced<'a, F: Future>(
     mut connection: Pin<&'a mut F>,
     conn: &'a ConnState,
@@ -206,6 +212,7 @@ fn coalesced<'a, F: Future>(
             return Poll::Pending;
         }
         put_off = false;
+        conn.writing();
         connection.as_mut().poll(cx)
     })
 }
@@ -226,7 +233,7 @@ where
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
     use std::task::{Context, Wake, Waker};
 
@@ -238,7 +245,7 @@ mod tests {
 
     /// Counts the wakes it gets.
     #[derive(Default)]
-    struct Wakes(AtomicUsize);
+    pub(crate) struct Wakes(pub(crate) AtomicUsize);
 
     impl Wake for Wakes {
         fn wake(self: Arc<Self>) {

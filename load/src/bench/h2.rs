@@ -1,7 +1,8 @@
 //! The HTTP/2 part (`--parts h2`): HTTP/2 with prior knowledge (h2c),
-//! driven by `h2load` from nghttp2, in two shapes: one connection with 100
-//! concurrent streams, and 64 connections with 10 each; `GET /healthz` and
-//! the counted redirect `GET /{code}`.
+//! driven by `h2load` from nghttp2, in three shapes: one connection with
+//! 100 concurrent streams, one with 10 (a client that multiplexes a few
+//! calls over one connection, as gRPC clients do), and 64 connections with
+//! 10 each; `GET /healthz` and the counted redirect `GET /{code}`.
 //!
 //! The servers take turns as in the other parts: lameduck, the minimal
 //! axum app (the headline baseline), and the same minimal app with
@@ -25,7 +26,7 @@ use crate::report::fmt_ms;
 pub(super) const MINIMAL_NODELAY: &str = "minimal axum app + TCP_NODELAY";
 
 /// `(connections, concurrent streams on each)`.
-pub(super) const SHAPES: [(u32, u32); 2] = [(1, 100), (64, 10)];
+pub(super) const SHAPES: [(u32, u32); 3] = [(1, 100), (1, 10), (64, 10)];
 
 /// The target of lameduck ÷ the minimal axum app over HTTP/2.
 pub(super) const H2_TARGET: f64 = 0.85;

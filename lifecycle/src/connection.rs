@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use hyper::Version;
@@ -13,6 +13,7 @@ use tokio_util::io::InspectReader;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{LifecycleMetrics, Protocol};
+use crate::Watch;
 
 /// The client preface that opens every HTTP/2 connection.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -36,8 +37,10 @@ pub(crate) struct ConnState {
     pub(crate) first_request: CancellationToken,
     /// Parent of this connection's request tokens (a child of the
     /// server-wide one), so that creating a request's token contends on
-    /// this connection's lock, not on one shared by every request.
-    pub(crate) requests: CancellationToken,
+    /// this connection's lock, not on one shared by every request. Made
+    /// when a request first asks for its token: most connections never do,
+    /// and a child token locks its parent when made and when dropped.
+    requests: OnceLock<CancellationToken>,
     /// Set once a response went out with `Connection: close`: the server,
     /// not the client, ended this connection.
     pub(crate) close_sent: AtomicBool,
@@ -58,13 +61,13 @@ pub(crate) struct ConnState {
 }
 
 impl ConnState {
-    pub(crate) fn new(metrics: &LifecycleMetrics, requests: CancellationToken) -> ConnState {
+    pub(crate) fn new(metrics: &LifecycleMetrics) -> ConnState {
         metrics.connection_moved(None, Some(Protocol::Pending));
         ConnState {
             protocol: AtomicU8::new(Protocol::Pending as u8),
             goaway: CancellationToken::new(),
             first_request: CancellationToken::new(),
-            requests,
+            requests: OnceLock::new(),
             close_sent: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
             unwritten: AtomicUsize::new(0),
@@ -73,6 +76,14 @@ impl ConnState {
             born: Instant::now(),
             metrics: metrics.clone(),
         }
+    }
+
+    /// A new token for one of this connection's requests: it fires with
+    /// the server's request tokens (`shutdown`'s deadline or a forced
+    /// shutdown), or when cancelled.
+    pub(crate) fn request_token(&self, shutdown: &Watch) -> CancellationToken {
+        let requests = self.requests.get_or_init(|| shutdown.request_token());
+        requests.child_token()
     }
 
     /// Records the protocol once a request or the preface reveals it.
@@ -268,7 +279,7 @@ mod tests {
     use super::*;
 
     fn conn() -> ConnState {
-        ConnState::new(&LifecycleMetrics::default(), CancellationToken::new())
+        ConnState::new(&LifecycleMetrics::default())
     }
 
     /// Runs `deadline` alongside the paused clock and returns when it fired,

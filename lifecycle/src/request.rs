@@ -53,7 +53,7 @@ impl LazyToken {
     fn get(&self) -> &CancellationToken {
         self.token.get_or_init(|| match &self.parent {
             Some((shutdown, conn)) => match conn.upgrade() {
-                Some(conn) => conn.requests.child_token(),
+                Some(conn) => conn.request_token(shutdown),
                 None => shutdown.request_token(),
             },
             None => CancellationToken::new(),
@@ -327,7 +327,7 @@ mod tests {
     fn a_token_made_late_still_follows_the_deadline() {
         let shutdown = crate::Shutdown::new();
         let watch = shutdown.watch();
-        let conn = Arc::new(ConnState::new(watch.metrics(), watch.request_token()));
+        let conn = Arc::new(ConnState::new(watch.metrics()));
         let scope = |conn: &Arc<ConnState>| LazyToken {
             parent: Some((watch.clone(), Arc::downgrade(conn))),
             token: OnceLock::new(),
@@ -356,7 +356,7 @@ mod tests {
 
         let shutdown = crate::Shutdown::new();
         let watch = shutdown.watch();
-        let conn = Arc::new(ConnState::new(watch.metrics(), watch.request_token()));
+        let conn = Arc::new(ConnState::new(watch.metrics()));
         conn.observe(Version::HTTP_2);
         let answer = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) };
         let scoped =

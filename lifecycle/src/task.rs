@@ -60,9 +60,15 @@ where
 /// serves with a clone of it.
 #[derive(Clone)]
 pub(crate) struct Connections<S> {
-    builder: auto::Builder<TrackedExecutor>,
+    /// What every connection shares, behind one pointer: a connection's
+    /// task keeps a clone for its whole life, and is smaller for it.
+    shared: Arc<Shared>,
     service: S,
     shutdown: Watch,
+}
+
+struct Shared {
+    builder: auto::Builder<TrackedExecutor>,
     /// One permit per open connection.
     limit: Arc<Semaphore>,
     idle_timeout: Duration,
@@ -83,13 +89,16 @@ impl<S: HttpService> Connections<S> {
             .http2()
             .timer(TokioTimer::new())
             .max_concurrent_streams(config.h2_max_concurrent_streams);
-        Connections {
+        let shared = Shared {
             builder,
-            service,
-            shutdown,
             limit: Arc::new(Semaphore::new(config.max_connections)),
             idle_timeout: config.idle_timeout,
             header_read_timeout: config.header_read_timeout,
+        };
+        Connections {
+            shared: Arc::new(shared),
+            service,
+            shutdown,
         }
     }
 
@@ -99,12 +108,12 @@ impl<S: HttpService> Connections<S> {
 
     /// Waits for room under the connection limit (never closed).
     pub(crate) async fn permit(&self) -> Option<OwnedSemaphorePermit> {
-        Arc::clone(&self.limit).acquire_owned().await.ok()
+        Arc::clone(&self.shared.limit).acquire_owned().await.ok()
     }
 
     /// Room under the connection limit, if there is any now.
     pub(crate) fn try_permit(&self) -> Option<OwnedSemaphorePermit> {
-        Arc::clone(&self.limit).try_acquire_owned().ok()
+        Arc::clone(&self.shared.limit).try_acquire_owned().ok()
     }
 
     /// Serves `io` on a tracked task that holds `permit` until it closes.
@@ -113,37 +122,42 @@ impl<S: HttpService> Connections<S> {
         Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         A: Debug + Send + Sync + 'static,
     {
-        let conn = ConnState::new(self.metrics(), self.shutdown.request_token());
-        let conn = Arc::new(conn);
+        let conn = Arc::new(ConnState::new(self.metrics()));
         let io = observed(io, Arc::clone(&conn));
-        let connections = self.clone();
-        self.shutdown.tracker().spawn(async move {
-            let _permit = permit;
-            let metrics = connections.metrics().clone();
-            metrics.connection_closed(connections.run(io, conn, &peer).await);
-        });
+        // Boxed: the connection's future is 3 KiB, and a task copies its
+        // whole stage when its future ends and when its output is taken.
+        let run = self.clone().run(io, conn, peer, permit);
+        self.shutdown.tracker().spawn(Box::pin(run));
     }
 
-    /// Serves the connection through its stages; returns who ended it.
-    async fn run<Io>(self, io: Io, conn: Arc<ConnState>, peer: &(dyn Debug + Sync)) -> ClosedBy
-    where
+    /// Serves the connection through its stages, holding its permit until
+    /// it closes, and counts who ended it.
+    async fn run<Io, A>(
+        self,
+        io: Io,
+        conn: Arc<ConnState>,
+        peer: A,
+        _permit: Option<OwnedSemaphorePermit>,
+    ) where
         Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        A: Debug + Send + Sync + 'static,
     {
         let shutdown = &self.shutdown;
-        let service = Scoped::for_connection(self.service, shutdown.clone(), Arc::clone(&conn));
-        let connection = self
-            .builder
-            .serve_connection_with_upgrades(TokioIo::new(io), service);
-        let mut connection = pin!(connection);
+        // Each made inside its `pin!`: a value made first and moved into
+        // the pin would keep a slot of its own in this future, which every
+        // connection carries for its whole life.
+        let mut connection = pin!(self.shared.builder.serve_connection_with_upgrades(
+            TokioIo::new(io),
+            Scoped::for_connection(self.service, shutdown.clone(), Arc::clone(&conn)),
+        ));
         // Armed when first polled: the grace counts from the drain.
-        let first_request = conn.first_request.cancelled();
         let mut first_request_due =
-            pin!(async { timeout(FIRST_REQUEST_GRACE, first_request).await });
-        let mut idle = pin!(conn.idle_for(self.idle_timeout));
-        let mut head_overdue = pin!(conn.head_overdue(self.header_read_timeout));
+            pin!(async { timeout(FIRST_REQUEST_GRACE, conn.first_request.cancelled()).await });
+        let mut idle = pin!(conn.idle_for(self.shared.idle_timeout));
+        let mut head_overdue = pin!(conn.head_overdue(self.shared.header_read_timeout));
         let mut lingered = pin!(conn.idle_for(GOAWAY_GRACE));
         let mut stage = Stage::Serving;
-        loop {
+        let closed_by = loop {
             let listens = |event| stage.listens(event, conn.protocol() == Protocol::Http1);
             let event = tokio::select! {
                 // The connection first: one that closes as soon as it is
@@ -154,9 +168,9 @@ impl<S: HttpService> Connections<S> {
                         debug!(?peer, %error, "connection ended with an error");
                     }
                     let asked = stage == Stage::Closing || conn.close_sent.load(Ordering::Acquire);
-                    return if asked { ClosedBy::Server } else { ClosedBy::Client };
+                    break if asked { ClosedBy::Server } else { ClosedBy::Client };
                 }
-                () = shutdown.abandoned(), if stage.watches_abandon() => return ClosedBy::Abandoned,
+                () = shutdown.abandoned(), if stage.watches_abandon() => break ClosedBy::Abandoned,
                 () = shutdown.triggered(), if listens(Event::Triggered) => Event::Triggered,
                 () = conn.goaway.cancelled(), if listens(Event::GoAway) => Event::GoAway,
                 () = shutdown.draining(), if listens(Event::Draining) => Event::Draining,
@@ -164,11 +178,11 @@ impl<S: HttpService> Connections<S> {
                 () = &mut idle, if listens(Event::Idle) => Event::Idle,
                 () = &mut head_overdue => {
                     debug!(?peer, "request head not received in time; closing");
-                    return ClosedBy::Server;
+                    break ClosedBy::Server;
                 }
                 () = &mut lingered, if stage == Stage::Closing => {
                     debug!(?peer, "asked to close but still open; dropping it");
-                    return ClosedBy::Server;
+                    break ClosedBy::Server;
                 }
             };
             let facts = Facts {
@@ -180,7 +194,8 @@ impl<S: HttpService> Connections<S> {
                 connection.as_mut().graceful_shutdown();
             }
             stage = next;
-        }
+        };
+        shutdown.metrics().connection_closed(closed_by);
     }
 }
 
@@ -238,7 +253,6 @@ pub(crate) mod tests {
     use std::task::{Context, Wake, Waker};
 
     use hyper::Version;
-    use tokio_util::sync::CancellationToken;
 
     use super::*;
     use crate::connection::BusyGuard;
@@ -276,7 +290,7 @@ pub(crate) mod tests {
     }
 
     fn conn(version: Version) -> Arc<ConnState> {
-        let conn = ConnState::new(&LifecycleMetrics::default(), CancellationToken::new());
+        let conn = ConnState::new(&LifecycleMetrics::default());
         conn.observe(version);
         Arc::new(conn)
     }

@@ -839,6 +839,7 @@ impl Bench<'_> {
                     .await;
                 }
                 let rss_before_kib = replica.rss_kib().unwrap_or(0);
+                crate::machine::conntrack_room(idle).await;
                 let open = raw::open_idle(replica.addr, idle, &request, 256)
                     .await
                     .with_context(|| format!("{name}: opening {idle} idle connections"))?;

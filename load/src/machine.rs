@@ -101,3 +101,50 @@ impl Machine {
         )
     }
 }
+
+/// How long [`conntrack_room`] waits at most: a closed connection stays in
+/// the table for its `TIME_WAIT`, two minutes by default.
+const CONNTRACK_WAIT: std::time::Duration = std::time::Duration::from_secs(130);
+
+/// Waits until the kernel's connection-tracking table, where the machine
+/// keeps one (Docker's firewall rules load it), has room for `connections`
+/// more; at most [`CONNTRACK_WAIT`]. A full table drops the packets of new
+/// connections, loopback ones too, and a benchmark that opens tens of
+/// thousands of them a round fills it with its own closed ones.
+pub async fn conntrack_room(connections: usize) {
+    let read = |name: &str| -> Option<usize> {
+        let path = format!("/proc/sys/net/netfilter/nf_conntrack_{name}");
+        std::fs::read_to_string(path).ok()?.trim().parse().ok()
+    };
+    let deadline = tokio::time::Instant::now() + CONNTRACK_WAIT;
+    let mut told = false;
+    while let (Some(count), Some(max)) = (read("count"), read("max")) {
+        if has_room(count, max, connections) || tokio::time::Instant::now() >= deadline {
+            return;
+        }
+        if !told {
+            eprintln!("load:   waiting for room in the connection-tracking table ({count} of {max} entries)");
+            told = true;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// Room for `connections` more entries, and half as many again for the
+/// rest of the machine.
+fn has_room(count: usize, max: usize, connections: usize) -> bool {
+    count + connections + connections / 2 <= max
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_room;
+
+    #[test]
+    fn the_table_has_room_for_the_connections_and_a_margin() {
+        assert!(has_room(0, 262_144, 10_000));
+        assert!(has_room(247_144, 262_144, 10_000));
+        assert!(!has_room(247_145, 262_144, 10_000));
+        assert!(!has_room(262_144, 262_144, 1));
+    }
+}

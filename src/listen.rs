@@ -9,6 +9,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio_util::either::Either;
@@ -187,6 +188,13 @@ impl Listener for Socket {
             Socket::Unix(listener) => listener.describe(),
         }
     }
+
+    fn set_send_timeout(&self, timeout: Duration) -> io::Result<()> {
+        match self {
+            Socket::Tcp(listener) => listener.set_send_timeout(timeout),
+            Socket::Unix(listener) => listener.set_send_timeout(timeout),
+        }
+    }
 }
 
 /// The public listener: a [`Socket`], with TLS on top when configured.
@@ -255,6 +263,10 @@ impl Listener for PublicListener {
             (Some(_), None) => format!("{plain} (TLS)"),
             (None, _) => plain,
         }
+    }
+
+    fn set_send_timeout(&self, timeout: Duration) -> io::Result<()> {
+        self.socket.set_send_timeout(timeout)
     }
 }
 

@@ -1325,6 +1325,64 @@ fn an_http2_client_that_ignores_pings_does_not_hold_the_drain_to_the_deadline() 
     drop(h2);
 }
 
+// Gap: a client that stops reading while answers are still owed to it —
+// here requests pipelined behind a receive window it never opens — keeps
+// its connection: the answers wait in the server's buffers, and only the
+// idle and head deadlines (raised here to a minute) would end it.
+// `--send-timeout` has the kernel close the connection once nothing the
+// server sent has been acknowledged for that long; a normal client is
+// served meanwhile. (Fails without it: the connection stays open until the
+// one-minute deadlines.)
+#[test]
+fn a_client_that_stops_reading_is_cut_off_at_the_send_timeout() {
+    const PIPELINED: usize = 20_000;
+    const OPEN: &str = r#"lameduck_connections_open{protocol="http1"}"#;
+    let mut server = Server::start(&[
+        "--send-timeout",
+        "2s",
+        "--idle-timeout",
+        "60s",
+        "--header-read-timeout",
+        "60s",
+    ]);
+    let (addr, admin) = (server.addr(), server.admin());
+    let mut stalled = runtime().block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        // A small window, closed once it is full: the client never reads.
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        let stream = socket.connect(addr).await.expect("connect");
+        stream.into_std().expect("a std stream")
+    });
+    stalled.set_nonblocking(false).expect("blocking");
+    let mut writer = stalled.try_clone().expect("clone");
+    let requests = "GET /healthz HTTP/1.1\r\nHost: lameduck\r\n\r\n".repeat(PIPELINED);
+    // The server stops reading once its answers back up: the write ends
+    // when the server's kernel resets the connection, if not before.
+    let writing = thread::spawn(move || writer.write_all(requests.as_bytes()));
+
+    wait_metric(admin, OPEN, |open| open >= 1.0);
+    let response = fresh_get(addr, "/healthz");
+    assert_eq!(response.status, 200, "{response:?}");
+    wait_metric(admin, OPEN, |open| open == 0.0);
+
+    // What the client can still read ends early.
+    stalled
+        .set_read_timeout(Some(PATIENCE))
+        .expect("read timeout");
+    let mut received = Vec::new();
+    let ended = stalled.read_to_end(&mut received);
+    let answers = received
+        .windows(12)
+        .filter(|w| w == b"HTTP/1.1 200")
+        .count();
+    assert!(
+        answers < PIPELINED,
+        "all {answers} answers arrived ({ended:?}): the connection was not cut off"
+    );
+    let _ = writing.join().expect("the writer");
+    server.assert_serving("a client that stopped reading");
+}
+
 // === the database goes away ===
 
 // Gap: a database outage must be a state, not a failure: readiness turns

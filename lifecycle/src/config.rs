@@ -42,6 +42,11 @@ pub struct ServeConfig {
     pub idle_timeout: Duration,
     /// Most concurrent streams on one HTTP/2 connection.
     pub h2_max_concurrent_streams: u32,
+    /// How long what the server sent may go unacknowledged before the
+    /// connection is closed: a client that stopped reading holds its
+    /// connection busy, out of the idle timeout's reach (TCP only; see
+    /// [`Listener::set_send_timeout`](crate::Listener::set_send_timeout)).
+    pub send_timeout: Duration,
 }
 
 impl Default for ServeConfig {
@@ -53,6 +58,7 @@ impl Default for ServeConfig {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             h2_max_concurrent_streams: 256,
+            send_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -6,6 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -30,6 +31,17 @@ pub trait Listener: AsFd + Send + 'static {
 
     /// Where it listens, as a URL for the log (`http://127.0.0.1:8080`).
     fn describe(&self) -> String;
+
+    /// Has the kernel close an accepted connection once what the server sent
+    /// on it has gone unacknowledged for `timeout`: a client that stopped
+    /// reading (its window closed) or a peer that vanished. Such a
+    /// connection is busy with its answer, so no idle timeout applies.
+    /// [`serve`](crate::serve) calls it before it accepts. The default does
+    /// nothing, for sockets without such a timeout.
+    fn set_send_timeout(&self, timeout: Duration) -> io::Result<()> {
+        let _ = timeout;
+        Ok(())
+    }
 }
 
 /// A second descriptor on `socket`'s open file: it accepts from the same
@@ -96,6 +108,14 @@ impl Listener for TcpListener {
             Ok(addr) => format!("http://{addr}"),
             Err(error) => format!("an unknown address ({error})"),
         }
+    }
+
+    /// `TCP_USER_TIMEOUT` on the listening socket, which each connection
+    /// inherits when the kernel completes its handshake (so not one already
+    /// queued when this is called: a backlog handed over by socket
+    /// activation). It bounds zero-window probing too.
+    fn set_send_timeout(&self, timeout: Duration) -> io::Result<()> {
+        socket2::SockRef::from(self).set_tcp_user_timeout(Some(timeout))
     }
 }
 

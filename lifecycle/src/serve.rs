@@ -79,6 +79,9 @@ where
 {
     let shutdown = owner.watch();
     let connections = Connections::new(service, shutdown.clone(), &config);
+    if let Err(error) = listener.set_send_timeout(config.send_timeout) {
+        warn!(%error, "cannot set the send timeout; clients that stop reading keep their connections");
+    }
     info!("listening on {}", listener.describe());
 
     // Phases 1-2: accept until the lame-duck period after the signal is over.

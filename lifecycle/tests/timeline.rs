@@ -64,6 +64,22 @@ async fn until_cancelled(
     "cancelled"
 }
 
+/// A response body that never ends: zeros, as fast as they are taken.
+struct Endless;
+
+impl hyper::body::Body for Endless {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let zeros = Bytes::from_static(&[0; 16 * 1024]);
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(zeros))))
+    }
+}
+
 async fn start(config: ServeConfig) -> Harness {
     let (entered_tx, entered) = mpsc::unbounded_channel();
     let (cleaned_tx, cleaned_up) = mpsc::unbounded_channel();
@@ -77,6 +93,7 @@ async fn start(config: ServeConfig) -> Harness {
         .route("/ok", get(|| async { "ok" }))
         .route("/hold", get(hold))
         .route("/until-cancelled", get(until_cancelled))
+        .route("/endless", get(|| async { axum::body::Body::new(Endless) }))
         .with_state(probe);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -269,6 +286,55 @@ async fn an_http2_stream_the_client_resets_cancels_its_request_and_the_connectio
     assert_eq!(report.outcome, DrainOutcome::Clean);
     assert_eq!(report.requests_aborted, 1);
     assert_eq!(report.requests_drained, 0);
+}
+
+// A client that stops reading an answer still streaming to it keeps its
+// connection busy: no idle or head deadline applies, and the drain would
+// wait for it until the deadline. The send timeout has the kernel close it
+// once what the server sent goes unacknowledged. Real time: the kernel's
+// timer, not tokio's, ends the connection.
+#[tokio::test]
+async fn a_client_that_stops_reading_loses_its_connection_at_the_send_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let harness = start(ServeConfig {
+        drain_delay: Duration::ZERO,
+        shutdown_timeout: LONG,
+        idle_timeout: LONG,
+        header_read_timeout: LONG,
+        send_timeout: Duration::from_secs(1),
+        ..ServeConfig::default()
+    })
+    .await;
+    // Served once: the listener has its send timeout, which connections
+    // inherit when the kernel accepts them.
+    let response = connect(harness.addr).await.send_request(get_request("/ok"));
+    assert_eq!(response.await.expect("GET /ok").status(), StatusCode::OK);
+
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    // A small window, soon closed: the server's answer backs up at once.
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut client = socket.connect(harness.addr).await.expect("connect");
+    client
+        .write_all(b"GET /endless HTTP/1.1\r\nhost: lameduck.test\r\n\r\n")
+        .await
+        .expect("send the request");
+    let mut head = [0; 12];
+    client
+        .read_exact(&mut head)
+        .await
+        .expect("the answer starts");
+    assert_eq!(&head, b"HTTP/1.1 200");
+    // From here on the client reads nothing.
+
+    harness.trigger.trigger("test");
+    let report = tokio::time::timeout(Duration::from_secs(60), harness.serve)
+        .await
+        .expect("the drain ended without waiting for the deadline")
+        .expect("serve");
+    assert_eq!(report.outcome, DrainOutcome::Clean);
+    assert_eq!(report.connections_abandoned, 0);
+    assert_eq!(harness.watch.metrics().open_connections(), 0);
 }
 
 // Lame duck: the server still accepts and serves new connections after the

@@ -76,6 +76,12 @@ pub(crate) struct ServerConfig {
     #[arg(long, env = "LAMEDUCK_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_positive_duration, value_name = "DURATION")]
     pub(crate) idle_timeout: Duration,
 
+    /// How long what the server sent may go unacknowledged (a client that
+    /// stopped reading, a peer that vanished) before the connection is
+    /// closed (TCP; the kernel's `TCP_USER_TIMEOUT`).
+    #[arg(long, env = "LAMEDUCK_SEND_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub(crate) send_timeout: Duration,
+
     /// Most concurrent streams on one HTTP/2 connection.
     #[arg(long, env = "LAMEDUCK_H2_MAX_CONCURRENT_STREAMS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) h2_max_concurrent_streams: u32,
@@ -97,6 +103,7 @@ impl ServerConfig {
             header_read_timeout: self.header_read_timeout,
             idle_timeout: self.idle_timeout,
             h2_max_concurrent_streams: self.h2_max_concurrent_streams,
+            send_timeout: self.send_timeout,
         }
     }
 }

@@ -42,10 +42,12 @@ pub struct ServeConfig {
     pub idle_timeout: Duration,
     /// Most concurrent streams on one HTTP/2 connection.
     pub h2_max_concurrent_streams: u32,
-    /// How long what the server sent may go unacknowledged before the
-    /// connection is closed: a client that stopped reading holds its
-    /// connection busy, out of the idle timeout's reach (TCP only; see
-    /// [`Listener::set_send_timeout`](crate::Listener::set_send_timeout)).
+    /// How long what the server sent may go unacknowledged (TCP; see
+    /// [`Listener::set_send_timeout`](crate::Listener::set_send_timeout)),
+    /// or an HTTP/2 answer wait for room in the client's flow-control
+    /// window, before the connection is closed: a client that stopped
+    /// taking its answers holds its connection busy, out of the idle
+    /// timeout's reach.
     pub send_timeout: Duration,
 }
 

@@ -50,6 +50,13 @@ pub(crate) struct ConnState {
     /// HTTP/2 answers made since the connection's task last polled the
     /// connection, i.e. not yet handed to a write.
     unwritten: AtomicUsize,
+    /// HTTP/2 answer bodies waiting to be taken: just made, or having given
+    /// a frame, and since then neither polled nor dropped. hyper sends a
+    /// frame only when the client's flow-control window has room for it,
+    /// and asks for the next (or drops the body after the last) only then.
+    untaken: AtomicUsize,
+    /// How many times a body waiting to be taken was taken (or dropped).
+    taken: AtomicU64,
     /// When the client started sending a request head while the connection
     /// was not busy, in milliseconds since `born` plus one; 0 when no head
     /// is pending. Starts at accept: a new connection owes its first head.
@@ -71,6 +78,8 @@ impl ConnState {
             close_sent: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
             unwritten: AtomicUsize::new(0),
+            untaken: AtomicUsize::new(0),
+            taken: AtomicU64::new(0),
             head_since: AtomicU64::new(1),
             idle_since: AtomicU64::new(0),
             born: Instant::now(),
@@ -128,6 +137,17 @@ impl ConnState {
     pub(crate) fn half_answered(&self) -> bool {
         let unwritten = self.unwritten.load(Relaxed);
         unwritten >= MIN_HALF_BATCH && unwritten >= self.busy()
+    }
+
+    /// An HTTP/2 answer's body waits to be taken.
+    pub(crate) fn answer_untaken(&self) {
+        self.untaken.fetch_add(1, Relaxed);
+    }
+
+    /// hyper took from a body that waited for it, or dropped it.
+    pub(crate) fn answer_taken(&self) {
+        self.untaken.fetch_sub(1, Relaxed);
+        self.taken.fetch_add(1, Relaxed);
     }
 
     /// Milliseconds since `born`.
@@ -197,28 +217,56 @@ impl ConnState {
         }
     }
 
-    /// Resolves if a request head (or the first one, counted from accept)
-    /// takes longer than `timeout` to arrive: a slow or silent client. Does
-    /// not apply to HTTP/2, whose idle connections carry frames.
-    pub(crate) async fn head_overdue(&self, timeout: Duration) {
-        let mut at = self.born + timeout;
+    /// Resolves when the client is overdue: on HTTP/1 (or undecided) a
+    /// request head, or the first one counted from accept, taking longer
+    /// than `head` to arrive (a slow or silent client); on HTTP/2, whose idle
+    /// connections carry frames, answers left untaken for `send`.
+    pub(crate) async fn overdue(&self, head: Duration, send: Duration) -> Overdue {
+        let mut at = self.born + head;
         loop {
             tokio::time::sleep_until(at).await;
             if self.protocol() == Protocol::Http2 {
-                return std::future::pending().await;
+                self.answers_untaken(send).await;
+                return Overdue::Answers;
             }
             let since = self.head_since.load(Acquire);
             if since == 0 {
-                at = Instant::now() + timeout;
+                at = Instant::now() + head;
                 continue;
             }
-            let deadline = self.at_ms(since - 1) + timeout;
+            let deadline = self.at_ms(since - 1) + head;
             if deadline <= Instant::now() && self.head_since.load(Acquire) == since {
-                return;
+                return Overdue::Head;
             }
             at = deadline.max(Instant::now() + Duration::from_millis(1));
         }
     }
+
+    /// Resolves once an answer has waited to be taken through a whole
+    /// `timeout` in which no answer of this connection was taken: the
+    /// client reads its socket but never opens its flow-control window,
+    /// which `TCP_USER_TIMEOUT` cannot see. Looked at every `timeout`, so
+    /// found within two.
+    async fn answers_untaken(&self, timeout: Duration) {
+        let mut last_look = None;
+        loop {
+            tokio::time::sleep(timeout).await;
+            let look = (self.untaken.load(Acquire) > 0).then(|| self.taken.load(Acquire));
+            if look.is_some() && look == last_look {
+                return;
+            }
+            last_look = look;
+        }
+    }
+}
+
+/// What the client was late with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Overdue {
+    /// A request head (HTTP/1).
+    Head,
+    /// Taking its answers (HTTP/2).
+    Answers,
 }
 
 impl Drop for ConnState {
@@ -284,7 +332,7 @@ mod tests {
 
     /// Runs `deadline` alongside the paused clock and returns when it fired,
     /// counted from the test's start.
-    async fn fired_after(deadline: impl std::future::Future<Output = ()>) -> Duration {
+    async fn fired_after<T>(deadline: impl std::future::Future<Output = T>) -> Duration {
         let start = Instant::now();
         deadline.await;
         start.elapsed()
@@ -345,8 +393,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_head_deadline_counts_from_its_first_byte() {
         let timeout = Duration::from_secs(10);
+        async fn head_overdue(conn: &ConnState, timeout: Duration) {
+            let overdue = conn.overdue(timeout, Duration::from_secs(3600)).await;
+            assert_eq!(overdue, Overdue::Head);
+        }
         let silent = conn();
-        assert_eq!(fired_after(silent.head_overdue(timeout)).await, timeout);
+        assert_eq!(fired_after(head_overdue(&silent, timeout)).await, timeout);
 
         let slow = conn();
         let client = async {
@@ -358,14 +410,45 @@ mod tests {
             std::future::pending::<()>().await;
         };
         let fired = tokio::select! {
-            fired = fired_after(slow.head_overdue(timeout)) => fired,
+            fired = fired_after(head_overdue(&slow, timeout)) => fired,
             () = client => unreachable!(),
         };
         assert_eq!(fired, Duration::from_secs(15 + 20 + 10));
 
         let h2 = conn();
         h2.observe(Version::HTTP_2);
-        let never = tokio::time::timeout(Duration::from_secs(3600), h2.head_overdue(timeout));
+        let never = tokio::time::timeout(Duration::from_secs(3600), h2.overdue(timeout, timeout));
         assert!(never.await.is_err());
+    }
+
+    // An HTTP/2 answer that waits to be taken through a whole look, and the
+    // next, with nothing taken between: overdue, within two sends of the
+    // head deadline that tells the protocol. Answers taken now and then,
+    // one always waiting, are never overdue.
+    #[tokio::test(start_paused = true)]
+    async fn an_http2_answer_left_untaken_makes_the_client_overdue() {
+        let (head, send) = (Duration::from_secs(10), Duration::from_secs(30));
+        let stuck = conn();
+        stuck.observe(Version::HTTP_2);
+        stuck.answer_untaken();
+        let overdue = async { assert_eq!(stuck.overdue(head, send).await, Overdue::Answers) };
+        let fired = tokio::time::timeout(Duration::from_secs(3600), fired_after(overdue));
+        assert_eq!(fired.await.expect("overdue"), head + send * 2);
+
+        let slow = conn();
+        slow.observe(Version::HTTP_2);
+        slow.answer_untaken();
+        let client = async {
+            loop {
+                tokio::time::sleep(send / 2).await;
+                slow.answer_taken();
+                slow.answer_untaken();
+            }
+        };
+        tokio::select! {
+            overdue = slow.overdue(head, send) => panic!("{overdue:?} while answers are taken"),
+            () = client => unreachable!(),
+            () = tokio::time::sleep(Duration::from_secs(3600)) => {}
+        }
     }
 }

@@ -264,8 +264,14 @@ where
         let Ok(mut response) = ready!(this.inner.poll(cx));
         let shutting_down = this.in_flight.take().is_some_and(InFlight::answer);
         let busy = this.busy.take();
+        let mut untaken = None;
         if let Some(BusyGuard(conn)) = busy.as_ref().filter(|_| *this.http2) {
             conn.answer_ready();
+            let waits = !response.body().is_end_stream();
+            if waits {
+                conn.answer_untaken();
+            }
+            untaken = Some(waits);
         }
         if shutting_down && !*this.http2 {
             response
@@ -275,16 +281,47 @@ where
                 conn.close_sent.store(true, Ordering::Release);
             }
         }
-        Poll::Ready(Ok(response.map(|inner| TrackedBody { inner, _busy: busy })))
+        Poll::Ready(Ok(response.map(|inner| TrackedBody {
+            inner,
+            untaken,
+            busy,
+        })))
     }
 }
 
 /// A response body that keeps its connection marked busy until it has been
-/// sent (or dropped): a streaming response is not an idle connection.
+/// sent (or dropped): a streaming response is not an idle connection. On
+/// HTTP/2 it also tells the connection when it waits for hyper to take its
+/// next frame ([`ConnState::answer_untaken`]).
 #[derive(Debug)]
 pub struct TrackedBody<B> {
     inner: B,
-    _busy: Option<BusyGuard>,
+    /// HTTP/2 only: whether the body waits to be taken: made, or having
+    /// given a frame, and since then neither polled nor dropped.
+    untaken: Option<bool>,
+    busy: Option<BusyGuard>,
+}
+
+impl<B> TrackedBody<B> {
+    fn wait_to_be_taken(&mut self) {
+        if let (Some(untaken @ false), Some(BusyGuard(conn))) = (&mut self.untaken, &self.busy) {
+            *untaken = true;
+            conn.answer_untaken();
+        }
+    }
+
+    fn taken(&mut self) {
+        if let (Some(untaken @ true), Some(BusyGuard(conn))) = (&mut self.untaken, &self.busy) {
+            *untaken = false;
+            conn.answer_taken();
+        }
+    }
+}
+
+impl<B> Drop for TrackedBody<B> {
+    fn drop(&mut self) {
+        self.taken();
+    }
 }
 
 impl<B: Body + Unpin> Body for TrackedBody<B> {
@@ -295,7 +332,15 @@ impl<B: Body + Unpin> Body for TrackedBody<B> {
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        let this = &mut *self;
+        this.taken();
+        let frame = Pin::new(&mut this.inner).poll_frame(cx);
+        if matches!(frame, Poll::Ready(Some(Ok(_)))) {
+            // Taken once hyper has sent it and asks for the next, or drops
+            // the body after the last.
+            this.wait_to_be_taken();
+        }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {

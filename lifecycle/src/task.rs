@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 use tracing::debug;
 
 use crate::config::{ServeConfig, FIRST_REQUEST_GRACE, GOAWAY_GRACE};
-use crate::connection::{observed, ConnState};
+use crate::connection::{observed, ConnState, Overdue};
 use crate::metrics::{ClosedBy, LifecycleMetrics, Protocol};
 use crate::request::Scoped;
 use crate::stage::{Event, Facts, Stage};
@@ -73,6 +73,7 @@ struct Shared {
     limit: Arc<Semaphore>,
     idle_timeout: Duration,
     header_read_timeout: Duration,
+    send_timeout: Duration,
 }
 
 impl<S: HttpService> Connections<S> {
@@ -80,7 +81,7 @@ impl<S: HttpService> Connections<S> {
         let mut builder = auto::Builder::new(TrackedExecutor(shutdown.tracker().clone()));
         // hyper's own header timeout also runs between keep-alive requests,
         // which would make it the idle timeout; the connection task enforces
-        // the head deadline instead (`ConnState::head_overdue`).
+        // the head deadline instead (`ConnState::overdue`).
         builder
             .http1()
             .timer(TokioTimer::new())
@@ -94,6 +95,7 @@ impl<S: HttpService> Connections<S> {
             limit: Arc::new(Semaphore::new(config.max_connections)),
             idle_timeout: config.idle_timeout,
             header_read_timeout: config.header_read_timeout,
+            send_timeout: config.send_timeout,
         };
         Connections {
             shared: Arc::new(shared),
@@ -154,7 +156,8 @@ impl<S: HttpService> Connections<S> {
         let mut first_request_due =
             pin!(async { timeout(FIRST_REQUEST_GRACE, conn.first_request.cancelled()).await });
         let mut idle = pin!(conn.idle_for(self.shared.idle_timeout));
-        let mut head_overdue = pin!(conn.head_overdue(self.shared.header_read_timeout));
+        let (head, send) = (self.shared.header_read_timeout, self.shared.send_timeout);
+        let mut overdue = pin!(conn.overdue(head, send));
         let mut lingered = pin!(conn.idle_for(GOAWAY_GRACE));
         let mut stage = Stage::Serving;
         let closed_by = loop {
@@ -176,8 +179,11 @@ impl<S: HttpService> Connections<S> {
                 () = shutdown.draining(), if listens(Event::Draining) => Event::Draining,
                 _ = &mut first_request_due, if listens(Event::FirstRequestDue) => Event::FirstRequestDue,
                 () = &mut idle, if listens(Event::Idle) => Event::Idle,
-                () = &mut head_overdue => {
-                    debug!(?peer, "request head not received in time; closing");
+                overdue = &mut overdue => {
+                    match overdue {
+                        Overdue::Head => debug!(?peer, "request head not received in time; closing"),
+                        Overdue::Answers => debug!(?peer, "answers not taken in time; closing"),
+                    }
                     break ClosedBy::Server;
                 }
                 () = &mut lingered, if stage == Stage::Closing => {

@@ -337,6 +337,41 @@ async fn a_client_that_stops_reading_loses_its_connection_at_the_send_timeout() 
     assert_eq!(harness.watch.metrics().open_connections(), 0);
 }
 
+// The same on HTTP/2, where the kernel sees nothing wrong: the client
+// reads its socket but never opens its flow-control window, so an answer
+// waits to be taken. The send timeout closes the connection (looked at once
+// the head deadline has told the protocol) instead of the deadline.
+#[tokio::test(start_paused = true)]
+async fn an_http2_client_that_never_opens_its_window_loses_its_connection_at_the_send_timeout() {
+    let harness = start(ServeConfig {
+        drain_delay: Duration::ZERO,
+        shutdown_timeout: LONG,
+        idle_timeout: LONG,
+        send_timeout: Duration::from_secs(1),
+        ..ServeConfig::default()
+    })
+    .await;
+    let stream = TcpStream::connect(harness.addr).await.expect("connect");
+    let (mut sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(0)
+        .handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    let request = Request::get("http://lameduck.test/ok")
+        .body(Empty::<Bytes>::new())
+        .expect("request");
+    let response = sender.send_request(request).await.expect("the head");
+    assert_eq!(response.status(), StatusCode::OK);
+
+    harness.trigger.trigger("test");
+    let report = harness.serve.await.expect("serve");
+    assert_eq!(report.outcome, DrainOutcome::Clean);
+    assert_eq!(report.connections_abandoned, 0);
+    let body = response.into_body().collect().await;
+    assert!(body.is_err(), "the body never came: {body:?}");
+}
+
 // Lame duck: the server still accepts and serves new connections after the
 // signal (a balancer may not have noticed yet), but tells them to close.
 #[tokio::test(start_paused = true)]

@@ -77,8 +77,9 @@ pub(crate) struct ServerConfig {
     pub(crate) idle_timeout: Duration,
 
     /// How long what the server sent may go unacknowledged (a client that
-    /// stopped reading, a peer that vanished) before the connection is
-    /// closed (TCP; the kernel's `TCP_USER_TIMEOUT`).
+    /// stopped reading, a peer that vanished; the kernel's
+    /// `TCP_USER_TIMEOUT`), or an HTTP/2 answer wait for the client's
+    /// flow-control window, before the connection is closed.
     #[arg(long, env = "LAMEDUCK_SEND_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration, value_name = "DURATION")]
     pub(crate) send_timeout: Duration,
 

@@ -10,7 +10,7 @@ use crate::config::{ServeConfig, ACCEPT_ERROR_BACKOFF};
 use crate::listener::{is_connection_error, Listener};
 use crate::metrics::ClosedBy;
 use crate::task::{Connections, HttpService};
-use crate::{Phase, Shutdown, DEADLINE_CLEANUP_GRACE, LOG_TARGET};
+use crate::{Phase, Shutdown, Watch, DEADLINE_CLEANUP_GRACE, LOG_TARGET};
 
 /// At most this many connections are taken from the listen backlog when the
 /// listener stops; more than any kernel backlog holds.
@@ -104,17 +104,7 @@ where
     let ((), signalled) = tokio::join!(accepting, lame_duck);
 
     // Phase 3: take what is already in the backlog, then close the listener.
-    let queued = if shutdown.is_forced() {
-        Vec::new()
-    } else {
-        listener.accept_queued(MAX_BACKLOG_DRAIN)
-    };
-    let backlog_accepted = queued.len();
-    for (io, peer) in queued {
-        // Already waiting: served even past the connection limit.
-        connections.spawn(io, peer, connections.try_permit());
-    }
-    drop(listener);
+    let backlog_accepted = take_backlog(listener, &connections, shutdown);
     let draining = Instant::now();
     let metrics = shutdown.metrics();
     owner.start_draining();
@@ -148,6 +138,25 @@ where
         closed_by_server: counts.connections_closed[ClosedBy::Server as usize].1,
         connections_abandoned: abandoned.connections,
     }
+}
+
+/// Serves the connections already waiting in `listener`'s backlog (unless
+/// the shutdown is forced), even past the connection limit, then closes
+/// it. Returns how many there were.
+fn take_backlog<L: Listener, S: HttpService>(
+    mut listener: L,
+    connections: &Connections<S>,
+    shutdown: &Watch,
+) -> usize {
+    if shutdown.is_forced() {
+        return 0;
+    }
+    let queued = listener.accept_queued(MAX_BACKLOG_DRAIN);
+    let taken = queued.len();
+    for (io, peer) in queued {
+        connections.spawn(io, peer, connections.try_permit());
+    }
+    taken
 }
 
 /// Waits for the tracked work to finish, up to `timeout`; then fires the

@@ -264,14 +264,8 @@ where
         let Ok(mut response) = ready!(this.inner.poll(cx));
         let shutting_down = this.in_flight.take().is_some_and(InFlight::answer);
         let busy = this.busy.take();
-        let mut untaken = None;
         if let Some(BusyGuard(conn)) = busy.as_ref().filter(|_| *this.http2) {
             conn.answer_ready();
-            let waits = !response.body().is_end_stream();
-            if waits {
-                conn.answer_untaken();
-            }
-            untaken = Some(waits);
         }
         if shutting_down && !*this.http2 {
             response
@@ -281,10 +275,17 @@ where
                 conn.close_sent.store(true, Ordering::Release);
             }
         }
-        Poll::Ready(Ok(response.map(|inner| TrackedBody {
-            inner,
-            untaken,
-            busy,
+        let untaken = this.http2.then_some(false);
+        Poll::Ready(Ok(response.map(|inner| {
+            let mut body = TrackedBody {
+                inner,
+                untaken,
+                busy,
+            };
+            if !body.inner.is_end_stream() {
+                body.wait_to_be_taken();
+            }
+            body
         })))
     }
 }

@@ -1,21 +1,20 @@
 //! The steps of the production middleware ([`super::stack`] and
 //! [`super::admission`] run them): the Host check, the announced body size,
-//! the answers to shed, panicking and failed requests, the request span.
+//! the answers to shed, panicking and failed requests, the answer's log line.
 
 use std::any::Any;
 use std::time::Duration;
 
+use super::ApiError;
+use crate::telemetry::request_span;
 use axum::body::Body;
 use axum::body::HttpBody as _;
 use axum::extract::Request;
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER};
-use axum::http::{HeaderValue, Method, Response, StatusCode, Version};
+use axum::http::{HeaderValue, Response, StatusCode, Version};
 use axum::response::IntoResponse;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
-use tracing::Span;
-
-use super::ApiError;
 
 /// Counters of requests the middleware answered itself.
 #[derive(Clone, Debug, Default)]
@@ -204,37 +203,14 @@ pub async fn json_error_body(response: Response<Body>) -> Response<Body> {
     Response::from_parts(parts, Body::from(body))
 }
 
-/// The span of one request: method, route template, request id; status and
-/// latency are recorded when the response head is ready.
-pub fn request_span(method: &Method, route: &str, request_id: &str) -> Span {
-    tracing::info_span!(
-        "request",
-        method = method.as_str(),
-        route,
-        request_id,
-        status = tracing::field::Empty,
-        latency_ms = tracing::field::Empty,
-    )
-}
-
-/// Records the status and latency on the request's span; the completion
-/// event is at debug level, so per-request lines cost nothing unless asked
-/// for (`RUST_LOG=lameduck::http=debug`).
-pub fn on_response(response: &Response<Body>, latency: Duration, span: &Span) {
+/// Records the status and latency on the request's span (see
+/// [`RequestSpan`](crate::telemetry::RequestSpan)), and logs the answer: at
+/// debug level, so that per-request lines cost nothing unless asked for
+/// (`RUST_LOG=lameduck::http=debug`); a 500 at warn. Called inside the
+/// request's span.
+pub fn on_response(response: &Response<Body>, latency: Duration) {
     let status = response.status().as_u16();
-    let latency_ms = latency.as_secs_f64() * 1000.0;
-    // Both fields in one `record`: each one finds the span and its stored
-    // fields again.
-    if let Some(fields) = span.metadata().map(tracing::Metadata::fields) {
-        if let (Some(status_field), Some(latency_field)) =
-            (fields.field("status"), fields.field("latency_ms"))
-        {
-            span.record_all(&fields.value_set(&[
-                (&status_field, Some(&status as &dyn tracing::Value)),
-                (&latency_field, Some(&latency_ms as &dyn tracing::Value)),
-            ]));
-        }
-    }
+    request_span::record_answer(status, latency.as_secs_f64() * 1000.0);
     if response.status() == StatusCode::INTERNAL_SERVER_ERROR {
         tracing::warn!(status, ?latency, "request failed");
     } else {
@@ -244,6 +220,8 @@ pub fn on_response(response: &Response<Body>, latency: Duration, span: &Span) {
 
 #[cfg(test)]
 mod tests {
+    use axum::http::Method;
+
     use super::*;
 
     fn request(version: Version, uri: &str, hosts: &[&str]) -> Request {
@@ -361,9 +339,9 @@ mod tests {
         let recorded = Recorded::default();
         let subscriber = tracing_subscriber::registry().with(recorded.clone());
         tracing::subscriber::with_default(subscriber, || {
-            let span = request_span(&Method::GET, "/{code}", "an-id");
+            let mut span = crate::telemetry::RequestSpan::new(&Method::GET, None, None);
             let response = StatusCode::NOT_FOUND.into_response();
-            on_response(&response, Duration::from_micros(2500), &span);
+            span.in_scope(|| on_response(&response, Duration::from_micros(2500)));
         });
         assert_eq!(
             *recorded.0.lock().expect("lock"),

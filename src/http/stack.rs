@@ -27,7 +27,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -43,6 +43,7 @@ use super::metrics::{HttpMetrics, RouteMetrics};
 use super::middleware::{self, GuardMetrics};
 use crate::error::ApiError;
 use crate::lifecycle::RequestScope;
+use crate::telemetry::RequestSpan;
 
 /// The request id header: the client's is kept, one is made otherwise.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -167,10 +168,9 @@ where
         let request_id = steps.request_id.then(|| request_id(&mut request));
         let route = request.extensions().get::<MatchedPath>().cloned();
         let span = if steps.span {
-            let id = request_id.as_ref().and_then(|id| id.to_str().ok());
-            middleware::request_span(request.method(), route_name(&route), id.unwrap_or(""))
+            RequestSpan::new(request.method(), route.as_ref(), request_id.as_ref())
         } else {
-            tracing::Span::none()
+            RequestSpan::none()
         };
         let scope = request.extensions().get::<RequestScope>().cloned();
         let host_problem = steps
@@ -220,7 +220,7 @@ pin_project! {
     pub struct StackFuture<F> {
         #[pin]
         state: State<F>,
-        span: tracing::Span,
+        span: RequestSpan,
         finish: Finish,
     }
 
@@ -230,8 +230,7 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let mut this = this.project();
             if !matches!(this.state.as_ref().get_ref(), State::Done) {
-                let _entered = this.span.enter();
-                this.state.set(State::Done);
+                this.span.in_scope(|| this.state.set(State::Done));
             }
         }
     }
@@ -275,51 +274,65 @@ where
     type Output = Result<Response<Body>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        let _entered = this.span.enter();
-        let steps = this.finish.shared.steps;
-        loop {
-            let response = match this.state.as_mut().project() {
-                StateProj::Routing { future, timeout } => {
-                    let polled = if steps.catch_panic {
-                        std::panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx)))
-                    } else {
-                        Ok(future.poll(cx))
-                    };
-                    match polled {
-                        Ok(Poll::Ready(Ok(response))) => response,
-                        Ok(Poll::Ready(Err(infallible))) => match infallible {},
-                        Err(panic) => {
-                            middleware::panic_response(&this.finish.shared.guard_metrics, panic)
-                        }
-                        Ok(Poll::Pending) => match timeout.as_pin_mut().map(|t| t.poll(cx)) {
-                            Some(Poll::Ready(())) => this.finish.timed_out(),
-                            _ => return Poll::Pending,
-                        },
-                    }
+        let this = self.project();
+        let (mut state, finish) = (this.state, this.finish);
+        let response = ready!(this.span.in_scope(|| {
+            let response = ready!(answer(state.as_mut(), finish, cx));
+            finish.count_and_log(&response);
+            Poll::Ready(response)
+        }));
+        Poll::Ready(Ok(finish.deliver(response, this.span)))
+    }
+}
+
+/// Polls the route's future (under `catch_unwind` and the timeout), then
+/// gives a plain error answer its JSON body. Ends in [`State::Done`].
+fn answer<F>(
+    mut state: Pin<&mut State<F>>,
+    finish: &Finish,
+    cx: &mut Context<'_>,
+) -> Poll<Response<Body>>
+where
+    F: Future<Output = Result<Response<Body>, Infallible>>,
+{
+    let steps = finish.shared.steps;
+    loop {
+        let response = match state.as_mut().project() {
+            StateProj::Routing { future, timeout } => {
+                let polled = if steps.catch_panic {
+                    std::panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx)))
+                } else {
+                    Ok(future.poll(cx))
+                };
+                match polled {
+                    Ok(Poll::Ready(Ok(response))) => response,
+                    Ok(Poll::Ready(Err(infallible))) => match infallible {},
+                    Err(panic) => middleware::panic_response(&finish.shared.guard_metrics, panic),
+                    Ok(Poll::Pending) => match timeout.as_pin_mut().map(|t| t.poll(cx)) {
+                        Some(Poll::Ready(())) => finish.timed_out(),
+                        _ => return Poll::Pending,
+                    },
                 }
-                StateProj::Converting { future } => match future.as_mut().poll(cx) {
-                    Poll::Ready(response) => {
-                        this.state.set(State::Done);
-                        return Poll::Ready(Ok(this.finish.respond(response, this.span)));
-                    }
-                    Poll::Pending => return Poll::Pending,
-                },
-                StateProj::Answered { response } => response
-                    .take()
-                    .expect("StackFuture polled after it answered"),
-                StateProj::Done => panic!("StackFuture polled after it answered"),
-            };
-            // Dropped here, inside the span: the route's future, whether it
-            // answered, panicked or timed out.
-            this.state.set(State::Done);
-            if steps.json_errors && middleware::lacks_json_body(&response) {
-                let future = Box::pin(middleware::json_error_body(response));
-                this.state.set(State::Converting { future });
-                continue;
             }
-            return Poll::Ready(Ok(this.finish.respond(response, this.span)));
+            StateProj::Converting { future } => {
+                let response = ready!(future.as_mut().poll(cx));
+                state.set(State::Done);
+                return Poll::Ready(response);
+            }
+            StateProj::Answered { response } => response
+                .take()
+                .expect("StackFuture polled after it answered"),
+            StateProj::Done => panic!("StackFuture polled after it answered"),
+        };
+        // Dropped here, inside the span: the route's future, whether it
+        // answered, panicked or timed out.
+        state.set(State::Done);
+        if steps.json_errors && middleware::lacks_json_body(&response) {
+            let future = Box::pin(middleware::json_error_body(response));
+            state.set(State::Converting { future });
+            continue;
         }
+        return Poll::Ready(response);
     }
 }
 
@@ -335,9 +348,8 @@ impl Finish {
         ApiError::Unavailable(format!("request timed out after {timeout:?}")).into_response()
     }
 
-    /// Counts and logs the answer (inside the span) and echoes the request
-    /// id on it.
-    fn respond(&mut self, response: Response<Body>, span: &tracing::Span) -> Response<Body> {
+    /// Counts the answer and logs it; called inside the request's span.
+    fn count_and_log(&self, response: &Response<Body>) {
         let shared = &self.shared;
         let latency = self.started.elapsed();
         let route = route_name(&self.route);
@@ -346,7 +358,12 @@ impl Finish {
                 .get_or_init(|| shared.http_metrics.route(route))
                 .record(route, &shared.http_metrics, response.status(), latency);
         }
-        middleware::on_response(&response, latency, span);
+        middleware::on_response(response, latency);
+    }
+
+    /// Echoes the request id on the answer; a streaming body takes the
+    /// request's span along.
+    fn deliver(&mut self, response: Response<Body>, span: &mut RequestSpan) -> Response<Body> {
         let (mut parts, body) = response.into_parts();
         if let Some(mut request_id) = self.request_id.take() {
             // Never indexed by HTTP/2's header compression: a value that is
@@ -361,10 +378,8 @@ impl Finish {
         let body = if body.size_hint().exact().is_some() || span.is_none() {
             body
         } else {
-            Body::new(InSpan {
-                body,
-                span: span.clone(),
-            })
+            let span = std::mem::replace(span, RequestSpan::none());
+            Body::new(InSpan { body, span })
         };
         Response::from_parts(parts, body)
     }
@@ -392,7 +407,7 @@ fn request_id(request: &mut Request) -> HeaderValue {
 /// A response body polled inside its request's span.
 struct InSpan {
     body: Body,
-    span: tracing::Span,
+    span: RequestSpan,
 }
 
 impl hyper::body::Body for InSpan {
@@ -403,9 +418,8 @@ impl hyper::body::Body for InSpan {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        let this = &mut *self;
-        let _entered = this.span.enter();
-        Pin::new(&mut this.body).poll_frame(cx)
+        let InSpan { body, span } = &mut *self;
+        span.in_scope(|| Pin::new(body).poll_frame(cx))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -455,37 +469,46 @@ mod tests {
     }
 
     // A client that hangs up drops the route's future; what its drop
-    // guards log then must still carry the request's span (its id).
+    // guards log then must still carry the request's span (its id), made
+    // for the line or up front.
     #[tokio::test]
     async fn what_a_dropped_request_logs_is_in_its_span() {
-        let events = SpansOfEvents::default();
-        let subscriber = tracing_subscriber::registry().with(events.clone());
-        let _default = tracing::subscriber::set_default(subscriber);
-        struct LogOnDrop;
-        impl Drop for LogOnDrop {
-            fn drop(&mut self) {
-                tracing::info!("handler dropped");
+        for lazy in [true, false] {
+            let events = SpansOfEvents::default();
+            let registry = tracing_subscriber::registry().with(events.clone());
+            let dispatch = if lazy {
+                tracing::Dispatch::new(crate::telemetry::LazySpans::new(registry))
+            } else {
+                tracing::Dispatch::new(registry)
+            };
+            let _default = tracing::dispatcher::set_default(&dispatch);
+            struct LogOnDrop;
+            impl Drop for LogOnDrop {
+                fn drop(&mut self) {
+                    tracing::info!("handler dropped");
+                }
             }
+            let route = tower::service_fn(|_request: Request| async {
+                let _guard = LogOnDrop;
+                std::future::pending::<Result<Response<Body>, Infallible>>().await
+            });
+            let stack = Stack::new(
+                HttpMetrics::default(),
+                GuardMetrics::default(),
+                Duration::from_secs(60),
+            );
+            let mut service = stack.layer(route);
+            let request = Request::builder()
+                .header(HOST, "lameduck")
+                .body(Body::empty())
+                .expect("request");
+            let mut answer = Box::pin(service.call(request));
+            assert!(futures_util::poll!(&mut answer).is_pending());
+            drop(answer);
+            let events = events.0.lock().expect("lock").clone();
+            let expected = [("handler dropped".to_owned(), Some("request"))];
+            assert_eq!(events, expected, "lazy: {lazy}");
         }
-        let route = tower::service_fn(|_request: Request| async {
-            let _guard = LogOnDrop;
-            std::future::pending::<Result<Response<Body>, Infallible>>().await
-        });
-        let stack = Stack::new(
-            HttpMetrics::default(),
-            GuardMetrics::default(),
-            Duration::from_secs(60),
-        );
-        let mut service = stack.layer(route);
-        let request = Request::builder()
-            .header(HOST, "lameduck")
-            .body(Body::empty())
-            .expect("request");
-        let mut answer = Box::pin(service.call(request));
-        assert!(futures_util::poll!(&mut answer).is_pending());
-        drop(answer);
-        let events = events.0.lock().expect("lock").clone();
-        assert_eq!(events, [("handler dropped".to_owned(), Some("request"))]);
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Logging: `tracing` to stdout, as text or JSON, filtered by `RUST_LOG`
-//! (default `info`). Span fields are formatted only when a line inside the
-//! span is written ([`deferred`]).
+//! (default `info`). A request's span is made only when something inside
+//! the request needs it ([`request_span`]).
 
-pub mod deferred;
+pub mod request_span;
 
 use std::io::IsTerminal;
 
@@ -11,7 +11,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter};
 
 use crate::config::LogFormat;
-pub use deferred::Deferred;
+pub use request_span::{LazySpans, RequestSpan};
 
 /// Installs the global subscriber. Call once, first thing in `main`.
 pub fn init(format: LogFormat) {
@@ -21,10 +21,9 @@ pub fn init(format: LogFormat) {
         .with_ansi(std::io::stdout().is_terminal());
     let registry = tracing_subscriber::registry().with(filter);
     // `try_init` fails only if a subscriber is already set (tests): keep it.
-    let _ = match format {
-        LogFormat::Text => registry.with(Deferred::new(text)).try_init(),
-        LogFormat::Json => registry
-            .with(Deferred::new(text.json().flatten_event(true)))
-            .try_init(),
+    let subscriber = match format {
+        LogFormat::Text => LazySpans::new(registry.with(text)),
+        LogFormat::Json => LazySpans::new(registry.with(text.json().flatten_event(true))),
     };
+    let _ = subscriber.try_init();
 }

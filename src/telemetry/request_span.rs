@@ -82,7 +82,7 @@ impl Fields {
     /// The span, unless the subscriber does not want it (its level).
     fn make(&self) -> Made {
         let dispatch = &self.dispatch;
-        if CALLSITE.register().is_never() || !dispatch.enabled(&META) {
+        if CALLSITE.interest().is_never() || !dispatch.enabled(&META) {
             return Made::none();
         }
         let fields = META.fields();
@@ -166,6 +166,11 @@ impl RequestSpan {
         route: Option<&MatchedPath>,
         request_id: Option<&HeaderValue>,
     ) -> RequestSpan {
+        // Registered here, not when the span is made: a subscriber handling
+        // a line cannot be asked about a new callsite.
+        if CALLSITE.interest().is_never() {
+            return RequestSpan::none();
+        }
         let fields = Fields {
             dispatch: tracing::dispatcher::get_default(Dispatch::clone),
             method: method.clone(),

@@ -398,7 +398,10 @@ fn request_id(request: &mut Request) -> HeaderValue {
     let random = fastrand::u128(..).to_le_bytes();
     let uuid = uuid::Builder::from_random_bytes(random).into_uuid();
     let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
-    let id = HeaderValue::from_str(uuid.hyphenated().encode_lower(&mut text))
+    uuid.hyphenated().encode_lower(&mut text);
+    // Its own allocation, shared by the request, the response and the span
+    // without being copied again.
+    let id = HeaderValue::from_maybe_shared(axum::body::Bytes::from_owner(text))
         .expect("a UUID's hex digits and dashes are a valid header value");
     request.headers_mut().insert(X_REQUEST_ID, id.clone());
     id

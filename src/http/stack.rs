@@ -14,8 +14,9 @@
 //!
 //! 1. the request id: the client's `x-request-id`, or a new UUID set on the
 //!    request; echoed on the response;
-//! 2. the span `request` (method, route, request id), entered for the
-//!    request and for its response body;
+//! 2. the span `request` (method, route, request id), around the request
+//!    and its response body, made when something inside first needs it
+//!    ([`RequestSpan`]);
 //! 3. metrics: count and latency by route and status class;
 //! 4. the Host check (400);
 //! 5. JSON error bodies: an error answer that is not JSON gets one;

@@ -5,11 +5,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 use crate::http::HttpLimits;
 use crate::lifecycle::ServeConfig;
 use crate::listen::ListenAddr;
+pub use crate::telemetry::LogFormat;
 use crate::tls::TlsFiles;
 
 /// lameduck: an HTTP service that stops, restarts and rolls out under load
@@ -264,15 +265,6 @@ pub struct HealthcheckConfig {
     /// How long to wait for the answer.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub timeout: Duration,
-}
-
-/// Log line format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 #[cfg(test)]

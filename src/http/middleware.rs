@@ -5,8 +5,6 @@
 use std::any::Any;
 use std::time::Duration;
 
-use super::ApiError;
-use crate::telemetry::request_span;
 use axum::body::Body;
 use axum::body::HttpBody as _;
 use axum::extract::Request;
@@ -15,6 +13,9 @@ use axum::http::{HeaderValue, Response, StatusCode, Version};
 use axum::response::IntoResponse;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
+
+use super::ApiError;
+use crate::telemetry::request_span;
 
 /// Counters of requests the middleware answered itself.
 #[derive(Clone, Debug, Default)]

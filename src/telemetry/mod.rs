@@ -6,12 +6,21 @@ pub mod request_span;
 
 use std::io::IsTerminal;
 
+use clap::ValueEnum;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter};
 
-use crate::config::LogFormat;
 pub use request_span::{LazySpans, RequestSpan};
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Installs the global subscriber. Call once, first thing in `main`.
 pub fn init(format: LogFormat) {

@@ -62,7 +62,8 @@ thread_local! {
 enum Slot {
     #[default]
     Empty,
-    Pending(Fields),
+    /// Boxed: the slot moves into the thread and back at every poll.
+    Pending(Box<Fields>),
     Made(Made),
 }
 
@@ -179,7 +180,7 @@ impl RequestSpan {
             answer: None,
         };
         if fields.dispatch.is::<LazySpans>() {
-            RequestSpan(Slot::Pending(fields))
+            RequestSpan(Slot::Pending(Box::new(fields)))
         } else {
             RequestSpan(Slot::Made(fields.make()))
         }

@@ -37,10 +37,13 @@ use tracing_core::span::Current;
 /// is handling a line (it would find no subscriber).
 static CALLSITE: DefaultCallsite = DefaultCallsite::new(&META);
 
+/// At `ERROR` level, so that no filter that lets a request's line through
+/// leaves its span out: under `RUST_LOG=warn` a warning still carries the
+/// request id. Made only for a line, a span costs nothing at any level.
 static META: Metadata<'static> = Metadata::new(
     "request",
     "lameduck::http",
-    Level::INFO,
+    Level::ERROR,
     Some(file!()),
     Some(line!()),
     Some(module_path!()),
@@ -433,8 +436,17 @@ mod tests {
     /// Runs `f` under `LazySpans` (or the bare registry) and says what the
     /// registry saw.
     fn seen(lazy: bool, f: impl FnOnce()) -> Vec<String> {
+        seen_through("trace", lazy, f)
+    }
+
+    /// [`seen`], with the lines and spans `filter` (`RUST_LOG` syntax)
+    /// lets through.
+    fn seen_through(filter: &str, lazy: bool, f: impl FnOnce()) -> Vec<String> {
         let seen = Seen::default();
-        let registry = tracing_subscriber::registry().with(seen.clone());
+        let filter = tracing_subscriber::EnvFilter::new(filter);
+        let registry = tracing_subscriber::registry()
+            .with(filter)
+            .with(seen.clone());
         let dispatch = if lazy {
             Dispatch::new(LazySpans::new(registry))
         } else {
@@ -538,6 +550,23 @@ mod tests {
                 "span child under Some(\"outside\")"
             ]
         );
+    }
+
+    // Filtered to warnings, as a quiet production service may be: a
+    // warning a request logs still carries its fields, lazily or not.
+    #[test]
+    fn a_warning_is_in_the_request_span_whatever_the_filter() {
+        for lazy in [true, false] {
+            let seen = seen_through("warn", lazy, || {
+                let mut span = request();
+                span.in_scope(|| {
+                    tracing::info!("filtered out");
+                    tracing::warn!("kept");
+                });
+            });
+            let kept = r#"line message=kept in ["request"]"#;
+            assert_eq!(seen, [MADE, kept], "lazy: {lazy}");
+        }
     }
 
     #[test]

@@ -203,8 +203,12 @@ impl RequestSpan {
     /// enters, is in the request's span, which is made then if it was not.
     pub fn in_scope<R>(&mut self, f: impl FnOnce() -> R) -> R {
         let slot = std::mem::take(&mut self.0);
-        if let Slot::Made(span) = &slot {
-            span.enter();
+        match &slot {
+            Slot::Made(span) => span.enter(),
+            // A request polled inside another's poll: the outer one's span
+            // is made first, so that this one's is its child (as entering a
+            // span makes it, above).
+            _ => make_polled(),
         }
         let Ok(outer) = POLLED.try_with(|polled| polled.replace(slot)) else {
             // The thread is ending and its locals are gone: run unscoped.
@@ -567,6 +571,21 @@ mod tests {
             let kept = r#"line message=kept in ["request"]"#;
             assert_eq!(seen, [MADE, kept], "lazy: {lazy}");
         }
+    }
+
+    // An in-process request polled inside another's poll: its span is the
+    // child of the outer request's, as it was when spans were made up front.
+    #[test]
+    fn a_request_polled_inside_another_is_its_child() {
+        let seen = seen(true, || {
+            let mut outer = request();
+            let mut inner = RequestSpan::new(&Method::GET, None, None);
+            outer.in_scope(|| inner.in_scope(|| tracing::info!("inner")));
+        });
+        let inner =
+            r#"span request method="GET" route="unmatched" request_id="" under Some("request")"#;
+        let line = r#"line message=inner in ["request", "request"]"#;
+        assert_eq!(seen, [MADE, inner, line]);
     }
 
     #[test]

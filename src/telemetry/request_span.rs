@@ -203,17 +203,24 @@ impl RequestSpan {
     /// enters, is in the request's span, which is made then if it was not.
     pub fn in_scope<R>(&mut self, f: impl FnOnce() -> R) -> R {
         let slot = std::mem::take(&mut self.0);
-        match &slot {
-            Slot::Made(span) => span.enter(),
-            // A request polled inside another's poll: the outer one's span
-            // is made first, so that this one's is its child (as entering a
-            // span makes it, above).
-            _ => make_polled(),
+        // Entering makes the span of a request polled around this one first
+        // (`LazySpans::enter`), so that this one's is its child.
+        if let Slot::Made(span) = &slot {
+            span.enter();
         }
-        let Ok(outer) = POLLED.try_with(|polled| polled.replace(slot)) else {
+        let Ok(mut outer) = POLLED.try_with(|polled| polled.replace(slot)) else {
             // The thread is ending and its locals are gone: run unscoped.
             return f();
         };
+        if let Slot::Pending(_) = outer {
+            // Polled inside another request's poll, this one pending too:
+            // the outer one's span is made here, for the same reason.
+            outer = POLLED.with(|polled| {
+                let this = polled.replace(outer);
+                make_polled();
+                polled.replace(this)
+            });
+        }
         let _restore = Restore {
             into: &mut self.0,
             outer,

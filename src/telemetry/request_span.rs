@@ -213,8 +213,9 @@ impl RequestSpan {
             return f();
         };
         if let Slot::Pending(_) = outer {
-            // Polled inside another request's poll, this one pending too:
-            // the outer one's span is made here, for the same reason.
+            // Polled inside another request's poll whose span is still
+            // pending (this one's was not entered): made here, for the
+            // same reason.
             outer = POLLED.with(|polled| {
                 let this = polled.replace(outer);
                 make_polled();

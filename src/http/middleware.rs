@@ -176,12 +176,13 @@ pub fn panic_response(
 /// [`json_error_body`].
 pub fn lacks_json_body(response: &Response<Body>) -> bool {
     let status = response.status();
-    let is_json = response
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.starts_with("application/json"));
-    (status.is_client_error() || status.is_server_error()) && !is_json
+    // The status first: a success's headers are not looked at.
+    (status.is_client_error() || status.is_server_error())
+        && !response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| value.starts_with("application/json"))
 }
 
 /// Gives an error answer a JSON body if it has none: clients get

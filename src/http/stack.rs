@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request};
-use axum::http::header::HeaderName;
+use axum::http::header::{Entry, HeaderName};
 use axum::http::{HeaderValue, Response};
 use axum::response::IntoResponse;
 use hyper::body::Body as _;
@@ -364,25 +364,25 @@ impl Finish {
 
     /// Echoes the request id on the answer; a streaming body takes the
     /// request's span along.
-    fn deliver(&mut self, response: Response<Body>, span: &mut RequestSpan) -> Response<Body> {
-        let (mut parts, body) = response.into_parts();
+    fn deliver(&mut self, mut response: Response<Body>, span: &mut RequestSpan) -> Response<Body> {
         if let Some(mut request_id) = self.request_id.take() {
             // Never indexed by HTTP/2's header compression: a value that is
             // new on every response would only push useful entries out of
             // the table, and looking it up there cost more than the rest of
             // the response.
             request_id.set_sensitive(true);
-            parts.headers.entry(X_REQUEST_ID).or_insert(request_id);
+            response
+                .headers_mut()
+                .entry(X_REQUEST_ID)
+                .or_insert(request_id);
         }
         // A body that is all there (most answers) logs nothing while it is
         // sent; a streaming one (SSE) is polled inside the request's span.
-        let body = if body.size_hint().exact().is_some() || span.is_none() {
-            body
-        } else {
-            let span = std::mem::replace(span, RequestSpan::none());
-            Body::new(InSpan { body, span })
-        };
-        Response::from_parts(parts, body)
+        if response.body().size_hint().exact().is_some() || span.is_none() {
+            return response;
+        }
+        let span = std::mem::replace(span, RequestSpan::none());
+        response.map(|body| Body::new(InSpan { body, span }))
     }
 }
 
@@ -393,9 +393,11 @@ impl Finish {
 /// cryptographic one: an id correlates log lines and is no secret, and the
 /// cryptographic generator cost nearly half of this step.
 fn request_id(request: &mut Request) -> HeaderValue {
-    if let Some(id) = request.headers().get(X_REQUEST_ID) {
-        return id.clone();
-    }
+    // One look-up of the header, whether the client sent it or not.
+    let vacant = match request.headers_mut().entry(X_REQUEST_ID) {
+        Entry::Occupied(given) => return given.get().clone(),
+        Entry::Vacant(vacant) => vacant,
+    };
     let random = fastrand::u128(..).to_le_bytes();
     let uuid = uuid::Builder::from_random_bytes(random).into_uuid();
     let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
@@ -404,8 +406,7 @@ fn request_id(request: &mut Request) -> HeaderValue {
     // without being copied again.
     let id = HeaderValue::from_maybe_shared(axum::body::Bytes::from_owner(text))
         .expect("a UUID's hex digits and dashes are a valid header value");
-    request.headers_mut().insert(X_REQUEST_ID, id.clone());
-    id
+    vacant.insert(id).clone()
 }
 
 /// A response body polled inside its request's span.

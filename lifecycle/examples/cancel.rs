@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use axum::{routing::get, Extension, Router};
+use axum::{routing::get, Router};
 use lameduck_lifecycle::{Lifecycle, RequestScope};
 use tokio_util::sync::CancellationToken;
 
@@ -43,7 +43,7 @@ async fn slow(token: CancellationToken) -> Result<&'static str, &'static str> {
     Ok("done\n")
 }
 
-async fn handler(Extension(scope): Extension<RequestScope>) -> &'static str {
+async fn handler(scope: RequestScope) -> &'static str {
     // On a task of its own: a hang-up cancels the token, it does not drop
     // the work half-way, and the drain waits for it.
     match scope.run(slow).await {

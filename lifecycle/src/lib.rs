@@ -18,6 +18,8 @@ pub use admin::ADMIN_CLOSE_GRACE;
 pub use config::{ServeConfig, ACCEPT_ERROR_BACKOFF, FIRST_REQUEST_GRACE, GOAWAY_GRACE};
 pub use listener::Listener;
 pub use metrics::LifecycleMetrics;
+#[cfg(feature = "axum")]
+pub use request::NoRequestScope;
 pub use request::{RequestScope, Scoped, ScopedFuture, TrackedBody};
 pub use serve::{serve, DrainOutcome, DrainReport};
 pub use shutdown::{Force, Phase, Shutdown, Trigger, Watch};

@@ -13,6 +13,7 @@ use hyper::body::{Body, Frame, SizeHint};
 use hyper::header::{HeaderValue, CONNECTION};
 use hyper::{Request, Response, Version};
 use pin_project_lite::pin_project;
+use tokio::task::futures::TaskLocalFuture;
 use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
@@ -24,7 +25,8 @@ use tracing::Instrument;
 use crate::connection::{BusyGuard, ConnState};
 use crate::Watch;
 
-/// The cancellation scope of one request, found in its extensions.
+/// The cancellation scope of one request: a handler takes it as an
+/// extractor (feature `axum`), or asks [`RequestScope::current`].
 ///
 /// Its token is cancelled when hyper drops the request future (the client
 /// went away), when the shutdown deadline passes, or when shutdown is
@@ -35,6 +37,14 @@ use crate::Watch;
 pub struct RequestScope {
     token: Arc<LazyToken>,
     tracker: TaskTracker,
+}
+
+tokio::task_local! {
+    /// The scope of the request being polled, set around each poll of it.
+    ///
+    /// Not an extension of the request: axum puts three there, and a
+    /// fourth grows the map that holds them, on every request.
+    static SCOPE: RequestScope;
 }
 
 /// A request's token, made the first time it is asked for: most requests
@@ -74,6 +84,14 @@ impl RequestScope {
             token: Arc::default(),
             tracker: TaskTracker::new(),
         }
+    }
+
+    /// The scope of the request being polled: `Some` while the lifecycle
+    /// polls a request — its handler, extractors and middleware, and what
+    /// dropping it drops — `None` elsewhere, in a task the request spawned
+    /// among others: move the scope into it.
+    pub fn current() -> Option<RequestScope> {
+        SCOPE.try_with(RequestScope::clone).ok()
     }
 
     /// The request's cancellation token.
@@ -156,7 +174,7 @@ impl Drop for InFlight {
 }
 
 /// The per-request half of the lifecycle, as a service around the
-/// application: gives each request its [`RequestScope`], counts it in
+/// application: polls each request inside its [`RequestScope`], counts it in
 /// flight, and during shutdown asks HTTP/1 clients to close
 /// (`Connection: close`) and HTTP/2 connections to go away (GOAWAY).
 ///
@@ -195,9 +213,9 @@ where
 {
     type Response = Response<TrackedBody<ResBody>>;
     type Error = Infallible;
-    type Future = ScopedFuture<Oneshot<S, Request<ReqBody>>>;
+    type Future = ScopedFuture<TaskLocalFuture<RequestScope, Oneshot<S, Request<ReqBody>>>>;
 
-    fn call(&self, mut request: Request<ReqBody>) -> Self::Future {
+    fn call(&self, request: Request<ReqBody>) -> Self::Future {
         let http2 = request.version() == Version::HTTP_2;
         if let Some(conn) = &self.conn {
             conn.observe(request.version());
@@ -210,13 +228,13 @@ where
             parent: Some((self.shutdown.clone(), conn)),
             token: OnceLock::new(),
         });
-        request.extensions_mut().insert(RequestScope {
+        let scope = RequestScope {
             token: Arc::clone(&token),
             tracker: self.shutdown.tracker().clone(),
-        });
+        };
         self.shutdown.metrics().request_started();
         ScopedFuture {
-            inner: self.inner.clone().oneshot(request),
+            inner: SCOPE.scope(scope, self.inner.clone().oneshot(request)),
             in_flight: Some(InFlight {
                 shutdown: self.shutdown.clone(),
                 token,
@@ -287,6 +305,38 @@ where
             }
             body
         })))
+    }
+}
+
+/// A handler's [`RequestScope`]: the one the lifecycle polls the request in,
+/// else one put in the request's extensions by hand (a test, a server of
+/// one's own); none is a 500.
+#[cfg(feature = "axum")]
+impl<S: Sync> axum_core::extract::FromRequestParts<S> for RequestScope {
+    type Rejection = NoRequestScope;
+
+    async fn from_request_parts(
+        parts: &mut hyper::http::request::Parts,
+        _state: &S,
+    ) -> Result<RequestScope, NoRequestScope> {
+        RequestScope::current()
+            .or_else(|| parts.extensions.get::<RequestScope>().cloned())
+            .ok_or(NoRequestScope)
+    }
+}
+
+/// A handler asked for a [`RequestScope`] and the request has none: it is
+/// not served by the lifecycle ([`Scoped`]) and none was put in its
+/// extensions. Answers 500.
+#[cfg(feature = "axum")]
+#[derive(Debug)]
+pub struct NoRequestScope;
+
+#[cfg(feature = "axum")]
+impl axum_core::response::IntoResponse for NoRequestScope {
+    fn into_response(self) -> axum_core::response::Response {
+        let message = "the request has no RequestScope: it is not served by the lifecycle";
+        (hyper::StatusCode::INTERNAL_SERVER_ERROR, message).into_response()
     }
 }
 
@@ -388,6 +438,63 @@ mod tests {
         shutdown.cancel_requests();
         assert!(token.is_cancelled());
         assert!(late.get().is_cancelled(), "born after the deadline");
+    }
+
+    // What a handler takes from its scope is the request's: a hang-up
+    // fires its token. Outside the request's polls there is no scope.
+    #[tokio::test]
+    async fn a_request_is_polled_in_its_scope_and_a_hang_up_fires_it() {
+        let shutdown = crate::Shutdown::new();
+        let (taken, mut token) = tokio::sync::mpsc::unbounded_channel();
+        let handler = move |_: Request<()>| {
+            let taken = taken.clone();
+            async move {
+                let scope = RequestScope::current().expect("polled in its scope");
+                taken.send(scope.token().clone()).expect("the test waits");
+                std::future::pending::<Result<Response<String>, Infallible>>().await
+            }
+        };
+        let scoped = Scoped::new(tower::service_fn(handler), shutdown.watch().clone());
+        let mut request = Box::pin(hyper::service::Service::call(&scoped, Request::new(())));
+        assert!(futures_poll(&mut request).is_pending());
+        assert!(RequestScope::current().is_none(), "only while polled");
+        let token = token.try_recv().expect("the handler ran");
+        assert!(!token.is_cancelled());
+        drop(request);
+        assert!(token.is_cancelled(), "the client hung up");
+    }
+
+    fn futures_poll<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        Pin::new(future).poll(&mut cx)
+    }
+
+    // A handler takes the scope as an extractor: the lifecycle's, else one
+    // put in the request by hand; with neither it answers 500.
+    #[cfg(feature = "axum")]
+    #[tokio::test]
+    async fn the_extractor_finds_the_scope_or_answers_500() {
+        use axum::body::Body as AxumBody;
+
+        async fn handler(scope: RequestScope) -> &'static str {
+            let _ = scope.token();
+            "scoped"
+        }
+        let router = axum::Router::new().route("/", axum::routing::get(handler));
+        let request = || Request::get("/").body(AxumBody::empty()).expect("request");
+
+        let bare = router.clone().oneshot(request()).await.expect("infallible");
+        assert_eq!(bare.status(), hyper::StatusCode::INTERNAL_SERVER_ERROR);
+
+        let mut by_hand = request();
+        by_hand.extensions_mut().insert(RequestScope::detached());
+        let answer = router.clone().oneshot(by_hand).await.expect("infallible");
+        assert_eq!(answer.status(), hyper::StatusCode::OK);
+
+        let shutdown = crate::Shutdown::new();
+        let scoped = Scoped::new(router, shutdown.watch().clone());
+        let served = hyper::service::Service::call(&scoped, request()).await;
+        assert_eq!(served.expect("infallible").status(), hyper::StatusCode::OK);
     }
 
     // A stream that starts once half of its batch waits to be written goes

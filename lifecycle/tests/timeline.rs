@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::routing::get;
-use axum::{Extension, Router};
+use axum::Router;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper::{Request, StatusCode};
@@ -51,7 +51,7 @@ async fn hold(State(probe): State<Probe>) -> &'static str {
 /// Cleanup runs on a tracked task: it survives the request future.
 async fn until_cancelled(
     State(probe): State<Probe>,
-    Extension(scope): Extension<RequestScope>,
+    scope: RequestScope,
 ) -> &'static str {
     let _ = probe.entered.send("until_cancelled");
     let cleaned_up = probe.cleaned_up.clone();

@@ -173,7 +173,6 @@ where
         } else {
             RequestSpan::none()
         };
-        let scope = request.extensions().get::<RequestScope>().cloned();
         let host_problem = steps
             .host_check
             .then(|| middleware::host_problem(&request))
@@ -198,7 +197,6 @@ where
                 route_metrics: Arc::clone(&self.route),
                 route,
                 request_id,
-                scope,
                 started,
             },
         }
@@ -263,8 +261,6 @@ struct Finish {
     route_metrics: Arc<OnceLock<RouteMetrics>>,
     route: Option<MatchedPath>,
     request_id: Option<HeaderValue>,
-    /// The request's scope, whose token the timeout fires.
-    scope: Option<RequestScope>,
     started: Instant,
 }
 
@@ -339,9 +335,10 @@ where
 
 impl Finish {
     /// Step 7's answer: 503, and the request's token fired so that work it
-    /// handed off stops too.
+    /// handed off stops too. Called while the lifecycle polls the request,
+    /// in its scope.
     fn timed_out(&self) -> Response<Body> {
-        if let Some(scope) = &self.scope {
+        if let Some(scope) = RequestScope::current() {
             scope.token().cancel();
         }
         self.shared.guard_metrics.timed_out();

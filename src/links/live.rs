@@ -16,7 +16,6 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Extension;
 use futures_util::Stream;
 use tokio::sync::watch;
 
@@ -115,7 +114,7 @@ pub(super) async fn events(
     State(storage): State<Storage>,
     State(hits): State<HitCounter>,
     State(live): State<LiveHits>,
-    Extension(scope): Extension<RequestScope>,
+    scope: RequestScope,
     Path(code): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let mut counts = watch_link(&live, &storage, &hits, &code).await?;
@@ -150,7 +149,7 @@ pub(super) async fn websocket(
     State(storage): State<Storage>,
     State(hits): State<HitCounter>,
     State(live): State<LiveHits>,
-    Extension(scope): Extension<RequestScope>,
+    scope: RequestScope,
     Path(code): Path<String>,
 ) -> Result<Response, ApiError> {
     let counts = watch_link(&live, &storage, &hits, &code).await?;

@@ -19,7 +19,7 @@ use axum::http::header::LOCATION;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 use self::error::not_found;
@@ -87,7 +87,7 @@ pub struct LinkInfo {
 async fn create(
     State(storage): State<Storage>,
     State(cache): State<LinkCache>,
-    Extension(scope): Extension<RequestScope>,
+    scope: RequestScope,
     payload: Result<Json<CreateLink>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(payload) = payload?;

@@ -13,6 +13,7 @@ use tokio_util::io::InspectReader;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{LifecycleMetrics, Protocol};
+use crate::stage::Facts;
 use crate::Watch;
 
 /// The client preface that opens every HTTP/2 connection.
@@ -116,6 +117,14 @@ impl ConnState {
     }
 
     /// Requests of this connection not finished yet.
+    /// What the connection's next stage depends on.
+    pub(crate) fn facts(&self) -> Facts {
+        Facts {
+            http2: self.protocol() == Protocol::Http2,
+            served: self.first_request.is_cancelled(),
+        }
+    }
+
     pub(crate) fn busy(&self) -> usize {
         self.busy.load(Acquire)
     }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use hyper::body::{Body, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -25,7 +26,7 @@ use crate::config::{ServeConfig, FIRST_REQUEST_GRACE, GOAWAY_GRACE};
 use crate::connection::{observed, ConnState, Overdue};
 use crate::metrics::{ClosedBy, LifecycleMetrics, Protocol};
 use crate::request::Scoped;
-use crate::stage::{Event, Facts, Stage};
+use crate::stage::{Event, Stage};
 use crate::{BoxError, Watch};
 
 /// A `tower::Service` the lifecycle can serve: HTTP requests in, HTTP
@@ -160,8 +161,33 @@ impl<S: HttpService> Connections<S> {
         let mut overdue = pin!(conn.overdue(head, send));
         let mut lingered = pin!(conn.idle_for(GOAWAY_GRACE));
         let mut stage = Stage::Serving;
+        let (state, peer) = (&*conn, &peer);
         let closed_by = loop {
-            let listens = |event| stage.listens(event, conn.protocol() == Protocol::Http1);
+            let http1 = conn.protocol() == Protocol::Http1;
+            let listens = move |event| stage.listens(event, http1);
+            let (first_request_due, idle) = (first_request_due.as_mut(), idle.as_mut());
+            let (overdue, lingered) = (overdue.as_mut(), lingered.as_mut());
+            // The timeline's events and the deadlines: polled only when one of
+            // them woke the task, not at every request the connection wakes it for.
+            let mut others = FuturesUnordered::new();
+            others.push(async move {
+                tokio::select! {
+                    biased;
+                    () = shutdown.abandoned(), if stage.watches_abandon() => Err(ClosedBy::Abandoned),
+                    () = shutdown.triggered(), if listens(Event::Triggered) => Ok(Event::Triggered),
+                    () = state.goaway.cancelled(), if listens(Event::GoAway) => Ok(Event::GoAway),
+                    () = shutdown.draining(), if listens(Event::Draining) => Ok(Event::Draining),
+                    _ = first_request_due, if listens(Event::FirstRequestDue) => Ok(Event::FirstRequestDue),
+                    () = idle, if listens(Event::Idle) => Ok(Event::Idle),
+                    overdue = overdue => Err(closing(peer, match overdue {
+                        Overdue::Head => "request head not received in time; closing",
+                        Overdue::Answers => "answers not taken in time; closing",
+                    })),
+                    () = lingered, if stage == Stage::Closing => {
+                        Err(closing(peer, "asked to close but still open; dropping it"))
+                    }
+                }
+            });
             let event = tokio::select! {
                 // The connection first: one that closes as soon as it is
                 // asked never arms the other branches' timers.
@@ -173,29 +199,13 @@ impl<S: HttpService> Connections<S> {
                     let asked = stage == Stage::Closing || conn.close_sent.load(Ordering::Acquire);
                     break if asked { ClosedBy::Server } else { ClosedBy::Client };
                 }
-                () = shutdown.abandoned(), if stage.watches_abandon() => break ClosedBy::Abandoned,
-                () = shutdown.triggered(), if listens(Event::Triggered) => Event::Triggered,
-                () = conn.goaway.cancelled(), if listens(Event::GoAway) => Event::GoAway,
-                () = shutdown.draining(), if listens(Event::Draining) => Event::Draining,
-                _ = &mut first_request_due, if listens(Event::FirstRequestDue) => Event::FirstRequestDue,
-                () = &mut idle, if listens(Event::Idle) => Event::Idle,
-                overdue = &mut overdue => {
-                    match overdue {
-                        Overdue::Head => debug!(?peer, "request head not received in time; closing"),
-                        Overdue::Answers => debug!(?peer, "answers not taken in time; closing"),
-                    }
-                    break ClosedBy::Server;
-                }
-                () = &mut lingered, if stage == Stage::Closing => {
-                    debug!(?peer, "asked to close but still open; dropping it");
-                    break ClosedBy::Server;
-                }
+                Some(next) = others.next() => match next {
+                    Ok(event) => event,
+                    Err(closed_by) => break closed_by,
+                },
             };
-            let facts = Facts {
-                http2: conn.protocol() == Protocol::Http2,
-                served: conn.first_request.is_cancelled(),
-            };
-            let next = stage.next(event, facts);
+            drop(others);
+            let next = stage.next(event, conn.facts());
             if next == Stage::Closing && stage != Stage::Closing {
                 connection.as_mut().graceful_shutdown();
             }
@@ -203,6 +213,12 @@ impl<S: HttpService> Connections<S> {
         };
         shutdown.metrics().connection_closed(closed_by);
     }
+}
+
+/// Logs why the server closes a connection.
+fn closing(peer: &impl Debug, why: &'static str) -> ClosedBy {
+    debug!(?peer, "{why}");
+    ClosedBy::Server
 }
 
 /// Polls `connection`, except that an HTTP/2 connection whose streams are

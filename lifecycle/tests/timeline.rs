@@ -49,10 +49,7 @@ async fn hold(State(probe): State<Probe>) -> &'static str {
 }
 
 /// Cleanup runs on a tracked task: it survives the request future.
-async fn until_cancelled(
-    State(probe): State<Probe>,
-    scope: RequestScope,
-) -> &'static str {
+async fn until_cancelled(State(probe): State<Probe>, scope: RequestScope) -> &'static str {
     let _ = probe.entered.send("until_cancelled");
     let cleaned_up = probe.cleaned_up.clone();
     let _ = scope

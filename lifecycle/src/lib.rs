@@ -12,6 +12,7 @@ mod shutdown;
 mod stage;
 mod task;
 mod timeline;
+mod woken;
 mod workers;
 
 pub use admin::ADMIN_CLOSE_GRACE;

@@ -4,14 +4,13 @@
 
 use std::convert::Infallible;
 use std::fmt::Debug;
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use hyper::body::{Body, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -27,6 +26,7 @@ use crate::connection::{observed, ConnState, Overdue};
 use crate::metrics::{ClosedBy, LifecycleMetrics, Protocol};
 use crate::request::Scoped;
 use crate::stage::{Event, Stage};
+use crate::woken::WhenWoken;
 use crate::{BoxError, Watch};
 
 /// A `tower::Service` the lifecycle can serve: HTTP requests in, HTTP
@@ -162,15 +162,15 @@ impl<S: HttpService> Connections<S> {
         let mut lingered = pin!(conn.idle_for(GOAWAY_GRACE));
         let mut stage = Stage::Serving;
         let (state, peer) = (&*conn, &peer);
+        // The timeline's events and the deadlines: polled only when one of
+        // them woke the task, not at every request the connection wakes it for.
+        let when_woken = WhenWoken::new();
         let closed_by = loop {
             let http1 = conn.protocol() == Protocol::Http1;
             let listens = move |event| stage.listens(event, http1);
             let (first_request_due, idle) = (first_request_due.as_mut(), idle.as_mut());
             let (overdue, lingered) = (overdue.as_mut(), lingered.as_mut());
-            // The timeline's events and the deadlines: polled only when one of
-            // them woke the task, not at every request the connection wakes it for.
-            let mut others = FuturesUnordered::new();
-            others.push(async move {
+            let mut others = pin!(async move {
                 tokio::select! {
                     biased;
                     () = shutdown.abandoned(), if stage.watches_abandon() => Err(ClosedBy::Abandoned),
@@ -188,6 +188,7 @@ impl<S: HttpService> Connections<S> {
                     }
                 }
             });
+            when_woken.renew();
             let event = tokio::select! {
                 // The connection first: one that closes as soon as it is
                 // asked never arms the other branches' timers.
@@ -199,12 +200,11 @@ impl<S: HttpService> Connections<S> {
                     let asked = stage == Stage::Closing || conn.close_sent.load(Ordering::Acquire);
                     break if asked { ClosedBy::Server } else { ClosedBy::Client };
                 }
-                Some(next) = others.next() => match next {
+                next = poll_fn(|cx| when_woken.poll(others.as_mut(), cx)) => match next {
                     Ok(event) => event,
                     Err(closed_by) => break closed_by,
                 },
             };
-            drop(others);
             let next = stage.next(event, conn.facts());
             if next == Stage::Closing && stage != Stage::Closing {
                 connection.as_mut().graceful_shutdown();

@@ -116,7 +116,6 @@ impl ConnState {
         Protocol::ALL[usize::from(self.protocol.load(Acquire))]
     }
 
-    /// Requests of this connection not finished yet.
     /// What the connection's next stage depends on.
     pub(crate) fn facts(&self) -> Facts {
         Facts {
@@ -125,6 +124,7 @@ impl ConnState {
         }
     }
 
+    /// Requests of this connection not finished yet.
     pub(crate) fn busy(&self) -> usize {
         self.busy.load(Acquire)
     }

@@ -76,8 +76,7 @@ impl TestApp {
                 ""
             }),
         );
-        let routes = http::operational_routes().merge(http::limited(api, &state, LIMITS));
-        let router = http::with_middleware(routes, state, LIMITS);
+        let router = http::with_middleware(http::operational_routes(), api, state, LIMITS);
         TestApp {
             service: Scoped::new(router, shutdown.watch().clone()),
             _data: data,

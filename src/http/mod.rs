@@ -16,6 +16,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderValue, StatusCode};
 use std::time::Duration;
 
+use axum::handler::Handler;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -142,14 +143,13 @@ pub struct HttpLimits {
 /// (HAProxy, most cloud balancers). `/metrics` is not here: it is served
 /// on the admin listener only ([`admin_router`]).
 pub fn router(state: AppState, limits: HttpLimits) -> Router {
-    let api = limited(links::routes(), &state, limits);
-    with_middleware(probes().merge(api), state, limits)
+    with_middleware(probes(), links::routes(), state, limits)
 }
 
 /// The admin listener's router: liveness, readiness and metrics, with the
 /// same middleware (request ids, metrics, JSON errors) but no shedding.
 pub fn admin_router(state: AppState, limits: HttpLimits) -> Router {
-    with_middleware(operational_routes(), state, limits)
+    with_middleware(operational_routes(), Router::new(), state, limits)
 }
 
 /// Liveness and readiness: never shed, never body-limited.
@@ -164,30 +164,42 @@ pub fn operational_routes() -> Router<AppState> {
     probes().route("/metrics", get(metrics::render))
 }
 
-/// Puts API routes under [`Admission`]: an announced body over the limit
-/// refused before it is read, the body read before the request takes a
-/// slot under the shared concurrency limit, shedding past it.
-pub fn limited(api: Router<AppState>, state: &AppState, limits: HttpLimits) -> Router<AppState> {
-    api.layer(Admission::new(limits, state.guard_metrics.clone()))
-}
-
-/// Wraps `routes` in the [`Stack`] every request goes through (request id,
-/// span, metrics, the Host check, JSON errors, panics, the request timeout)
-/// and JSON 404 and 405 fallbacks.
+/// One router of `open` routes and `api` routes, each route wrapped in the
+/// [`Stack`] every request goes through (request id, span, metrics, the
+/// Host check, JSON errors, panics, the request timeout); the API routes
+/// also under [`Admission`] (an announced body over the limit refused
+/// before it is read, the body read before the request takes a slot under
+/// the shared concurrency limit, shedding past it). JSON 404 and 405
+/// fallbacks, through the stack too.
+///
+/// Each route is layered once: axum boxes a route again, and clones the
+/// box on every request, for each `Router::layer`, so the API routes get
+/// the stack and admission as one layer.
 ///
 /// The Host check applies to requests built in process too: a test that
 /// sends an HTTP/1.1 request (the default version of `Request::builder`)
 /// through this router must give it a `Host` header.
-pub fn with_middleware(routes: Router<AppState>, state: AppState, limits: HttpLimits) -> Router {
+pub fn with_middleware(
+    open: Router<AppState>,
+    api: Router<AppState>,
+    state: AppState,
+    limits: HttpLimits,
+) -> Router {
     let stack = Stack::new(
         state.http_metrics.clone(),
         state.guard_metrics.clone(),
         limits.request_timeout,
     );
-    routes
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(stack)
+    let admission = Admission::new(limits, state.guard_metrics.clone());
+    let api = api.layer(
+        tower::ServiceBuilder::new()
+            .layer(stack.clone())
+            .layer(admission),
+    );
+    open.layer(stack.clone())
+        .merge(api)
+        .fallback(not_found.layer(stack.clone()))
+        .method_not_allowed_fallback(method_not_allowed.layer(stack))
         .with_state(state)
 }
 

@@ -79,16 +79,18 @@ pub async fn run_reloader(
             continue;
         };
         match files.parse(&contents) {
+            // Counted before the line is logged: whoever reads the line
+            // (an operator, a test) finds the count already there.
             Ok(pair) => {
-                log_loaded(&pair.info, &files, "TLS certificate reloaded");
                 metrics.set_expiry(pair.info.not_after);
                 metrics.reloaded("ok");
+                log_loaded(&pair.info, &files, "TLS certificate reloaded");
                 store.replace(pair);
                 watcher.loaded(contents);
             }
             Err(error) => {
-                tracing::error!(%error, "TLS certificate reload refused; the previous certificate keeps serving");
                 metrics.reloaded("error");
+                tracing::error!(%error, "TLS certificate reload refused; the previous certificate keeps serving");
                 watcher.refused(contents);
             }
         }

@@ -52,6 +52,8 @@ impl TestApp {
         let mut registry = Registry::with_prefix("lameduck");
         let guard_metrics = GuardMetrics::default();
         guard_metrics.register(&mut registry);
+        let http_metrics = HttpMetrics::default();
+        http_metrics.register(&mut registry);
         let storage = Storage::open(None, data.path(), 4, StorageMetrics::default())
             .await
             .expect("storage");
@@ -61,7 +63,7 @@ impl TestApp {
             shutdown: shutdown.watch().clone(),
             startup,
             registry: Arc::new(registry),
-            http_metrics: HttpMetrics::default(),
+            http_metrics,
             guard_metrics,
             storage,
             hits: HitCounter::default(),
@@ -310,6 +312,33 @@ async fn every_validation_error_is_a_clear_json_4xx() {
     assert_json_error(&delete, StatusCode::METHOD_NOT_ALLOWED, "method");
     // Nothing but the one valid link was stored.
     assert_eq!(app.get("/api/links/taken").await.status, StatusCode::OK);
+}
+
+// The answers no route gives (no such route; a method the route does not
+// take, on an API route and on a probe) are layered with the stack on their
+// own: each carries a request id and is counted, like a route's answer.
+#[tokio::test]
+async fn answers_without_a_route_go_through_the_stack_too() {
+    let app = TestApp::new().await;
+    let empty =
+        |request: hyper::http::request::Builder| request.body(Full::default()).expect("request");
+    let answers = [
+        app.get("/no/such/route").await,
+        app.send(empty(Request::delete("/api/links"))).await,
+        app.send(empty(Request::post("/healthz"))).await,
+    ];
+    let statuses = answers.each_ref().map(|answer| answer.status);
+    let refused = StatusCode::METHOD_NOT_ALLOWED;
+    assert_eq!(statuses, [StatusCode::NOT_FOUND, refused, refused]);
+    for answer in &answers {
+        assert!(answer.headers.contains_key("x-request-id"), "{answer:?}");
+    }
+    let metrics = app.get("/metrics").await;
+    let text = metrics.body.as_str().expect("metrics text");
+    for route in ["unmatched", "/api/links", "/healthz"] {
+        let series = format!(r#"lameduck_http_requests_total{{route="{route}",status="4xx"}} 1"#);
+        assert!(text.contains(&series), "{series} in\n{text}");
+    }
 }
 
 // A panicking handler answers 500 with a JSON body that leaks nothing, is

@@ -198,8 +198,8 @@ pub fn with_middleware(
     );
     open.layer(stack.clone())
         .merge(api)
-        .fallback(not_found.layer(stack.clone()))
-        .method_not_allowed_fallback(method_not_allowed.layer(stack))
+        .fallback(not_found.layer(stack.for_handler()))
+        .method_not_allowed_fallback(method_not_allowed.layer(stack.for_handler()))
         .with_state(state)
 }
 

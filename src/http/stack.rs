@@ -97,6 +97,10 @@ pub fn set_steps_for_benchmark(steps: Steps) -> bool {
 #[derive(Clone, Debug)]
 pub struct Stack {
     shared: Arc<Shared>,
+    /// The metric handles of the one handler this layer wraps
+    /// ([`Stack::for_handler`]); `None` for a layer over a router's routes,
+    /// which gives each route handles of its own.
+    handler_route: Option<Arc<OnceLock<RouteMetrics>>>,
 }
 
 /// What every request's steps share.
@@ -123,6 +127,18 @@ impl Stack {
                 request_timeout,
                 steps: *STEPS.get().unwrap_or(&Steps::ALL),
             }),
+            handler_route: None,
+        }
+    }
+
+    /// The stack for one handler of its own (`handler.layer(..)`, as the
+    /// fallbacks are): axum makes such a handler's service anew for every
+    /// request, so the handler's metric handles are kept in the layer,
+    /// resolved at its first request and not again at each.
+    pub fn for_handler(&self) -> Stack {
+        Stack {
+            shared: Arc::clone(&self.shared),
+            handler_route: Some(Arc::default()),
         }
     }
 }
@@ -134,7 +150,7 @@ impl<S> Layer<S> for Stack {
         StackService {
             inner,
             shared: Arc::clone(&self.shared),
-            route: Arc::default(),
+            route: self.handler_route.clone().unwrap_or_default(),
         }
     }
 }

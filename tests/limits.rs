@@ -374,10 +374,19 @@ fn wait_status(addr: SocketAddr, path: &str, status: u16, within: Duration) -> D
 // === HTTP/2 frames ===
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const H2_HEADERS: u8 = 0x1;
+const H2_RST_STREAM: u8 = 0x3;
 const H2_SETTINGS: u8 = 0x4;
 const H2_PING: u8 = 0x6;
 const H2_GOAWAY: u8 = 0x7;
+const H2_CONTINUATION: u8 = 0x9;
 const H2_ACK: u8 = 0x1;
+const H2_END_STREAM: u8 = 0x1;
+const H2_END_HEADERS: u8 = 0x4;
+/// RST_STREAM's "the client no longer wants the stream".
+const H2_CANCEL: u32 = 0x8;
+/// GOAWAY's "the peer is generating excessive load".
+const H2_ENHANCE_YOUR_CALM: u32 = 0xb;
 /// An empty SETTINGS frame on stream 0.
 const H2_EMPTY_SETTINGS: [u8; 9] = [0, 0, 0, H2_SETTINGS, 0, 0, 0, 0, 0];
 
@@ -1182,6 +1191,103 @@ fn http2_connections_advertise_the_max_concurrent_streams() {
         .find(|(id, _)| *id == SETTINGS_MAX_CONCURRENT_STREAMS)
         .map(|(_, value)| *value);
     assert_eq!(max_streams, Some(7), "settings: {advertised:?}");
+}
+
+// Gap: the two floods HTTP/2 is known for must cost the flooding client its
+// connection and nobody else anything: streams opened and reset at once
+// (rapid reset), and a header block that never ends (CONTINUATION flood).
+// Each ends in a GOAWAY with ENHANCE_YOUR_CALM and a close; an HTTP/2
+// connection opened before the floods, and new HTTP/1.1 and HTTP/2 clients
+// after each, are served as usual.
+#[test]
+fn http2_floods_are_cut_off_with_goaway_and_other_clients_keep_being_served() {
+    let mut server = Server::start(&[]);
+    let addr = server.addr();
+    let rt = runtime();
+    let mut bystander = rt.block_on(h2_client(addr));
+    let healthz = |sender: &mut http2::SendRequest<H2Body>, after: &str| {
+        let request = Request::get(format!("http://{addr}/healthz"))
+            .body(Empty::new().boxed())
+            .expect("request");
+        let (status, body, _) = rt.block_on(h2_send(sender, request));
+        assert_eq!(status, 200, "HTTP/2 after {after}: {body:?}");
+    };
+    healthz(&mut bystander, "nothing");
+
+    // `GET /healthz` as a header block: indexed `:method GET` and `:scheme
+    // http`, then `:path` and `:authority` as literals with indexed names.
+    let authority = addr.to_string();
+    let mut block = vec![0x82, 0x86, 0x04, 8];
+    block.extend_from_slice(b"/healthz");
+    block.extend_from_slice(&[0x01, u8::try_from(authority.len()).expect("short")]);
+    block.extend_from_slice(authority.as_bytes());
+
+    let rapid_reset = (0..2_000_u32).flat_map(|n| {
+        let stream = 2 * n + 1;
+        let mut pair = h2_frame(H2_HEADERS, H2_END_STREAM | H2_END_HEADERS, stream, &block);
+        pair.extend(h2_frame(H2_RST_STREAM, 0, stream, &H2_CANCEL.to_be_bytes()));
+        pair
+    });
+    let code = h2_flood(addr, rapid_reset.collect());
+    assert_eq!(code, Some(H2_ENHANCE_YOUR_CALM), "rapid reset");
+    server.assert_serving("a rapid-reset flood");
+    healthz(&mut bystander, "a rapid-reset flood");
+    healthz(&mut rt.block_on(h2_client(addr)), "a rapid-reset flood");
+
+    // One literal header of 100 bytes, new name, not indexed; eight a frame.
+    let mut junk = vec![0x00, 7];
+    junk.extend_from_slice(b"x-flood");
+    junk.push(100);
+    junk.extend_from_slice(&[b'a'; 100]);
+    let mut continuation = h2_frame(H2_HEADERS, H2_END_STREAM, 1, &block);
+    for _ in 0..2_000 {
+        continuation.extend(h2_frame(H2_CONTINUATION, 0, 1, &junk.repeat(8)));
+    }
+    let code = h2_flood(addr, continuation);
+    assert_eq!(code, Some(H2_ENHANCE_YOUR_CALM), "CONTINUATION flood");
+    server.assert_serving("a CONTINUATION flood");
+    healthz(&mut bystander, "a CONTINUATION flood");
+    healthz(&mut rt.block_on(h2_client(addr)), "a CONTINUATION flood");
+}
+
+/// Opens an HTTP/2 connection, writes `flood` after the preface as fast as
+/// the server takes it (stopping where the server closes or stops reading),
+/// then reads until the server closes it. Returns the error code of the
+/// server's GOAWAY, if it sent one.
+fn h2_flood(addr: SocketAddr, flood: Vec<u8>) -> Option<u32> {
+    let mut stream = h2_connect(addr);
+    stream
+        .set_write_timeout(Some(FEW_SECONDS))
+        .expect("write timeout");
+    // Cut short by the server's close (a broken pipe, a reset) or by a
+    // server that stopped reading: either way the flood is over.
+    let _ = stream.write_all(&flood);
+    stream
+        .set_read_timeout(Some(PATIENCE))
+        .expect("read timeout");
+    let mut goaway = None;
+    loop {
+        match read_frame(&mut stream) {
+            Ok(Some(frame)) if frame.kind == H2_GOAWAY && frame.payload.len() >= 8 => {
+                let code = frame.payload[4..8].try_into().expect("four bytes");
+                goaway = Some(u32::from_be_bytes(code));
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => return goaway,
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return goaway,
+            Err(e) => panic!("the flooded connection neither closed nor read cleanly: {e}"),
+        }
+    }
+}
+
+/// One frame: `kind` with `flags` on `stream`, carrying `payload`.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let length = u32::try_from(payload.len()).expect("a small payload");
+    let mut frame = length.to_be_bytes()[1..].to_vec();
+    frame.extend_from_slice(&[kind, flags]);
+    frame.extend_from_slice(&stream.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
 }
 
 // === idle timeout ===

@@ -30,6 +30,9 @@ const BACKLOG: u32 = 1024;
 /// How long a client may take to send its first request head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long accepting pauses after it failed.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
+
 fn main() -> ExitCode {
     let listen = match std::env::args().nth(1).map(|arg| arg.parse::<SocketAddr>()) {
         None => SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -115,6 +118,8 @@ async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 async fn accept(listener: TcpListener, open: Arc<Mutex<Vec<TcpStream>>>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
+            // Out of descriptors, say: not a spin that starves the answers.
+            tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
             continue;
         };
         let open = Arc::clone(&open);

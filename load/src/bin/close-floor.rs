@@ -6,8 +6,9 @@
 //! `200 ok` so the harness can open them as it does for the servers, and
 //! keeps them as plain sockets, out of any reactor. Accepting and answering
 //! run concurrently on a tokio runtime, so that the harness's burst of
-//! clients is never left in a full accept queue (where a client whose
-//! handshake the kernel dropped is reset later). At SIGTERM it sends every
+//! clients is taken as fast as it comes (one thread answering one client at
+//! a time behind a 128-deep accept queue once had a client reset, which
+//! ended a whole bench run). At SIGTERM it sends every
 //! connection the FIN a graceful server sends (`shutdown(2)`, then
 //! `close(2)`), from one thread per CPU it may run on, and exits. What that
 //! takes is the kernel's share of closing the connections, which no server
@@ -103,6 +104,7 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Listens on `addr` with a [`BACKLOG`]-deep accept queue.
 async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?

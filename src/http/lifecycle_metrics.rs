@@ -1,6 +1,6 @@
 //! The lifecycle's counters as Prometheus series: read at scrape time from
-//! the lifecycle's [`Snapshot`], under the same names as ever
-//! (`lameduck_connections_open{protocol}`, `lameduck_shutdown_phase{phase}`…).
+//! the lifecycle's [`Snapshot`] (`lameduck_connections_open{protocol}`,
+//! `lameduck_requests_in_flight`, `lameduck_shutdown_phase{phase}`…).
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -9,16 +9,16 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::lifecycle::metrics::{LifecycleMetrics, Snapshot};
-use crate::lifecycle::Phase;
+use lameduck_lifecycle::metrics::{LifecycleMetrics, Snapshot};
+use lameduck_lifecycle::Phase;
 
 /// Exports [`LifecycleMetrics`] to a Prometheus registry.
 #[derive(Debug)]
-pub struct LifecycleCollector(LifecycleMetrics);
+pub(crate) struct LifecycleCollector(LifecycleMetrics);
 
 impl LifecycleCollector {
     /// Registers the lifecycle's series under `registry`.
-    pub fn register(metrics: &LifecycleMetrics, registry: &mut Registry) {
+    pub(crate) fn register(metrics: &LifecycleMetrics, registry: &mut Registry) {
         registry.register_collector(Box::new(LifecycleCollector(metrics.clone())));
     }
 }

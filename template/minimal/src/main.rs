@@ -18,6 +18,9 @@ mod config;
 mod exit;
 mod healthcheck;
 mod http;
+// `src/metrics.rs` is the full example's `src/http/lifecycle_metrics.rs`,
+// copied in when the service is generated: one source for both variants of
+// the template.
 mod metrics;
 mod telemetry;
 

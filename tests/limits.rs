@@ -387,8 +387,6 @@ const H2_END_HEADERS: u8 = 0x4;
 const H2_CANCEL: u32 = 0x8;
 /// GOAWAY's "the peer is generating excessive load".
 const H2_ENHANCE_YOUR_CALM: u32 = 0xb;
-/// An empty SETTINGS frame on stream 0.
-const H2_EMPTY_SETTINGS: [u8; 9] = [0, 0, 0, H2_SETTINGS, 0, 0, 0, 0, 0];
 
 /// One frame as the server sent it.
 #[derive(Debug)]
@@ -419,54 +417,67 @@ fn read_frame(stream: &mut TcpStream) -> io::Result<Option<Frame>> {
     }))
 }
 
+/// One frame: `kind` with `flags` on `stream`, carrying `payload`.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let length = u32::try_from(payload.len()).expect("a small payload");
+    let mut frame = length.to_be_bytes()[1..].to_vec();
+    frame.extend_from_slice(&[kind, flags]);
+    frame.extend_from_slice(&stream.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
 /// A raw HTTP/2 connection: preface and an empty SETTINGS frame sent.
 fn h2_connect(addr: SocketAddr) -> TcpStream {
     let mut stream = connect(addr);
     stream.write_all(H2_PREFACE).expect("send the preface");
-    stream.write_all(&H2_EMPTY_SETTINGS).expect("send SETTINGS");
+    let settings = h2_frame(H2_SETTINGS, 0, 0, &[]);
+    stream.write_all(&settings).expect("send SETTINGS");
     stream
 }
 
 /// Plays a well-behaved, idle HTTP/2 client on `stream` (acknowledges
 /// SETTINGS and, if `answer_pings`, PINGs) until the server closes it or
-/// `within` passes. Returns the GOAWAY frames seen and whether it closed.
+/// `within` passes. Returns the error code of the last GOAWAY seen, if
+/// any, and whether it closed.
 fn h2_idle_until_closed(
     stream: &mut TcpStream,
     within: Duration,
     answer_pings: bool,
-) -> (usize, bool) {
+) -> (Option<u32>, bool) {
     let deadline = Instant::now() + within;
-    let mut goaways = 0;
+    let mut goaway = None;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return (goaways, false);
+            return (goaway, false);
         }
         stream.set_read_timeout(Some(left)).expect("read timeout");
         let frame = match read_frame(stream) {
             Ok(Some(frame)) => frame,
-            Ok(None) => return (goaways, true),
-            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return (goaways, true),
+            Ok(None) => return (goaway, true),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return (goaway, true),
             Err(e)
                 if matches!(
                     e.kind(),
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                return (goaways, false)
+                return (goaway, false)
             }
             Err(e) => panic!("reading HTTP/2 frames: {e}"),
         };
         match frame.kind {
             H2_SETTINGS if frame.flags & H2_ACK == 0 => {
-                let _ = stream.write_all(&[0, 0, 0, H2_SETTINGS, H2_ACK, 0, 0, 0, 0]);
+                let _ = stream.write_all(&h2_frame(H2_SETTINGS, H2_ACK, 0, &[]));
             }
             H2_PING if frame.flags & H2_ACK == 0 && answer_pings => {
-                let mut ack = vec![0, 0, 8, H2_PING, H2_ACK, 0, 0, 0, 0];
-                ack.extend_from_slice(&frame.payload);
-                let _ = stream.write_all(&ack);
+                let _ = stream.write_all(&h2_frame(H2_PING, H2_ACK, 0, &frame.payload));
             }
-            H2_GOAWAY => goaways += 1,
+            H2_GOAWAY => {
+                let code = frame.payload.get(4..8).expect("a GOAWAY's error code");
+                goaway = Some(u32::from_be_bytes(code.try_into().expect("four bytes")));
+            }
             _ => {}
         }
     }
@@ -1252,8 +1263,9 @@ fn http2_floods_are_cut_off_with_goaway_and_other_clients_keep_being_served() {
 
 /// Opens an HTTP/2 connection, writes `flood` after the preface as fast as
 /// the server takes it (stopping where the server closes or stops reading),
-/// then reads until the server closes it. Returns the error code of the
-/// server's GOAWAY, if it sent one.
+/// then reads until the server closes it, which it must within
+/// [`PATIENCE`]. Returns the error code of the server's GOAWAY, if it sent
+/// one.
 fn h2_flood(addr: SocketAddr, flood: Vec<u8>) -> Option<u32> {
     let mut stream = h2_connect(addr);
     stream
@@ -1262,32 +1274,12 @@ fn h2_flood(addr: SocketAddr, flood: Vec<u8>) -> Option<u32> {
     // Cut short by the server's close (a broken pipe, a reset) or by a
     // server that stopped reading: either way the flood is over.
     let _ = stream.write_all(&flood);
-    stream
-        .set_read_timeout(Some(PATIENCE))
-        .expect("read timeout");
-    let mut goaway = None;
-    loop {
-        match read_frame(&mut stream) {
-            Ok(Some(frame)) if frame.kind == H2_GOAWAY && frame.payload.len() >= 8 => {
-                let code = frame.payload[4..8].try_into().expect("four bytes");
-                goaway = Some(u32::from_be_bytes(code));
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => return goaway,
-            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return goaway,
-            Err(e) => panic!("the flooded connection neither closed nor read cleanly: {e}"),
-        }
-    }
-}
-
-/// One frame: `kind` with `flags` on `stream`, carrying `payload`.
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let length = u32::try_from(payload.len()).expect("a small payload");
-    let mut frame = length.to_be_bytes()[1..].to_vec();
-    frame.extend_from_slice(&[kind, flags]);
-    frame.extend_from_slice(&stream.to_be_bytes());
-    frame.extend_from_slice(payload);
-    frame
+    let (goaway, closed) = h2_idle_until_closed(&mut stream, PATIENCE, false);
+    assert!(
+        closed,
+        "the flooded connection is still open after {PATIENCE:?}"
+    );
+    goaway
 }
 
 // === idle timeout ===
@@ -1324,10 +1316,10 @@ fn idle_keepalive_connections_are_closed_after_the_idle_timeout() {
     );
 
     let mut h2 = h2_connect(addr);
-    let (goaways, closed) = h2_idle_until_closed(&mut h2, IDLE + FEW_SECONDS, true);
+    let (goaway, closed) = h2_idle_until_closed(&mut h2, IDLE + FEW_SECONDS, true);
     assert!(closed, "an idle HTTP/2 connection is still open");
     assert!(
-        goaways > 0,
+        goaway.is_some(),
         "an idle HTTP/2 connection closed without GOAWAY"
     );
 
@@ -1388,9 +1380,9 @@ fn idle_keepalive_connections_stay_open_until_the_idle_timeout_not_the_header_ti
 fn idle_http2_connections_are_closed_even_if_the_client_ignores_pings() {
     let server = Server::start(&["--idle-timeout", "1s"]);
     let mut h2 = h2_connect(server.addr());
-    let (goaways, closed) =
+    let (goaway, closed) =
         h2_idle_until_closed(&mut h2, Duration::from_secs(1) + FEW_SECONDS, false);
-    assert!(goaways > 0, "no GOAWAY after the idle timeout");
+    assert!(goaway.is_some(), "no GOAWAY after the idle timeout");
     assert!(
         closed,
         "an idle HTTP/2 connection whose client ignores PINGs is still open {FEW_SECONDS:?} \

@@ -498,6 +498,14 @@ impl Storage {
     /// nothing. Returns `false` for such a repeat. Batch ids older than
     /// [`BATCH_ID_RETENTION`] are pruned on the way.
     ///
+    /// The counts go in as one statement, whatever the number of links (a
+    /// JSON object of code → hits; a code listed twice counts twice), so a
+    /// batch costs the same few round trips on PostgreSQL for one link or a
+    /// thousand. Batches applied at once — two replicas' flushes, a flush
+    /// beside a spill replay — never deadlock: on PostgreSQL each locks its
+    /// links in code order first, whatever the order of `hits`; on SQLite
+    /// the transaction holds the database's one write lock.
+    ///
     /// # Errors
     /// The database error; nothing was written.
     pub async fn apply_hits(
@@ -518,14 +526,14 @@ impl Storage {
             tx.rollback().await?;
             return Ok(false);
         }
-        for (code, count) in hits {
-            let count = i64::try_from(*count).unwrap_or(i64::MAX);
-            sqlx::query("UPDATE links SET hits = hits + $1 WHERE code = $2")
-                .bind(count)
-                .bind(code)
-                .execute(&mut *tx)
-                .await?;
+        let counts = counts_json(hits);
+        if let Some(lock) = self.lock_links_statement() {
+            sqlx::query(lock).bind(&counts).execute(&mut *tx).await?;
         }
+        sqlx::query(self.add_hits_statement())
+            .bind(&counts)
+            .execute(&mut *tx)
+            .await?;
         let horizon = now - chrono::Duration::from_std(BATCH_ID_RETENTION).unwrap_or_default();
         sqlx::query("DELETE FROM hit_batches WHERE applied_at < $1")
             .bind(rfc3339(horizon))
@@ -545,6 +553,33 @@ impl Storage {
                 .fetch_one(&self.pool)
                 .await?,
         )
+    }
+
+    /// Locks the links of a JSON object of counts, in code order; `None`
+    /// where the transaction already excludes every other writer.
+    fn lock_links_statement(&self) -> Option<&'static str> {
+        match self.backend {
+            Backend::Sqlite => None,
+            Backend::Postgres => Some(
+                "SELECT code FROM links \
+                 WHERE code IN (SELECT key FROM json_each_text($1::json)) \
+                 ORDER BY code FOR UPDATE",
+            ),
+        }
+    }
+
+    /// Adds a JSON object of code → hits to the links' counts.
+    fn add_hits_statement(&self) -> &'static str {
+        match self.backend {
+            Backend::Sqlite => {
+                "UPDATE links SET hits = hits + counts.value \
+                 FROM json_each($1) AS counts WHERE links.code = counts.key"
+            }
+            Backend::Postgres => {
+                "UPDATE links SET hits = links.hits + counts.value::bigint \
+                 FROM json_each_text($1::json) AS counts WHERE links.code = counts.key"
+            }
+        }
     }
 
     fn begin_statement(&self) -> &'static str {
@@ -671,6 +706,21 @@ fn stored_link(row: &AnyRow) -> Result<StoredLink, sqlx::Error> {
     })
 }
 
+/// Hit counts as one JSON object, code → hits: a code listed twice is
+/// summed, and a count beyond the column's range is cut to its largest.
+fn counts_json(hits: &[(String, u64)]) -> String {
+    let mut counts = serde_json::Map::with_capacity(hits.len());
+    for (code, count) in hits {
+        let count = i64::try_from(*count).unwrap_or(i64::MAX);
+        let total = counts
+            .get(code)
+            .and_then(serde_json::Value::as_i64)
+            .map_or(count, |before| before.saturating_add(count));
+        counts.insert(code.clone(), total.into());
+    }
+    serde_json::Value::Object(counts).to_string()
+}
+
 /// A timestamp as stored: RFC 3339, UTC, milliseconds (sorts as text).
 pub fn rfc3339(at: chrono::DateTime<chrono::Utc>) -> String {
     at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
@@ -709,6 +759,17 @@ pub fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_json_sums_a_code_listed_twice_and_keeps_within_the_column() {
+        let rows = [
+            ("a\"b".to_owned(), 2),
+            ("c".to_owned(), u64::MAX),
+            ("a\"b".to_owned(), 3),
+        ];
+        let counts: serde_json::Value = serde_json::from_str(&counts_json(&rows)).expect("JSON");
+        assert_eq!(counts, serde_json::json!({ "a\"b": 5, "c": i64::MAX }));
+    }
 
     #[test]
     fn redact_hides_the_password_and_keeps_the_rest() {

@@ -68,16 +68,13 @@ impl Batch {
         self.hits.iter().map(|(_, n)| n).sum()
     }
 
-    /// The rows to apply, sorted by code: every transaction that applies
-    /// a batch updates links in the same order, so two of them (two
-    /// replicas replaying spills, a flush beside a replay) never deadlock.
+    /// The rows to apply, one per code, in no particular order
+    /// ([`Storage::apply_hits`](crate::storage::Storage::apply_hits) locks
+    /// the links in its own order).
     pub fn as_rows(&self) -> Vec<(String, u64)> {
-        let mut rows: Vec<(String, u64)> = self
-            .hits
+        self.hits
             .iter()
             .map(|(code, n)| (code.clone(), *n))
-            .collect();
-        rows.sort_unstable();
-        rows
+            .collect()
     }
 }

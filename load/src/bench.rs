@@ -87,6 +87,9 @@ const MINIMAL_AXUM: &str = "minimal axum app";
 const AXUM_STACK: &str = "axum + tower-http stack";
 const BARE_HYPER: &str = "bare hyper";
 const PLAIN_AXUM: &str = "plain axum::serve (same app)";
+/// A second process of the minimal axum app, not a baseline: the two
+/// copies' ratio is what the run's own noise makes of identical servers.
+const MINIMAL_AXUM_COPY: &str = "minimal axum app, second copy";
 const COUNTING: &str = "lameduck, counting hits";
 const MINIMAL_REDIRECT: &str = "minimal axum app, in-memory map";
 const NOT_COUNTING: &str = "lameduck's path, no counting";
@@ -664,6 +667,13 @@ impl Bench<'_> {
                 "/readyz",
             )
             .await?;
+        let mut copy = self
+            .start(
+                "tp-minimal-axum-copy",
+                &self.spec(&b.minimal_axum, "tp-minimal-copy", &[]),
+                "/readyz",
+            )
+            .await?;
         let requests = Arc::new(vec![raw::get("/healthz")]);
         let targets: Vec<Target> = [
             (LAMEDUCK, lameduck.addr),
@@ -671,6 +681,7 @@ impl Bench<'_> {
             (AXUM_STACK, stack.addr),
             (BARE_HYPER, bare.addr),
             (PLAIN_AXUM, plain.addr),
+            (MINIMAL_AXUM_COPY, copy.addr),
         ]
         .into_iter()
         .map(|(name, addr)| (name.to_owned(), addr, Arc::clone(&requests), 200))
@@ -682,6 +693,7 @@ impl Bench<'_> {
             &mut stack,
             &mut bare,
             &mut plain,
+            &mut copy,
         ] {
             stop(replica).await;
         }
@@ -1742,17 +1754,28 @@ pub fn summary(report: &BenchReport) -> String {
         report.machine.command
     );
     let mut text = String::new();
-    if let [lameduck, minimal, stack, bare, plain] = report.throughput.as_slice() {
+    if let [lameduck, minimal, stack, bare, plain, copy @ ..] = report.throughput.as_slice() {
         let ratios = paired_ratios(&lameduck.runs, &minimal.runs, |r| r.rps);
+        let mut shown = vec![lameduck, minimal, stack, bare, plain];
+        shown.extend(copy.first());
+        let noise = copy.first().map_or_else(String::new, |copy| {
+            format!(
+                " The run's own noise, two copies of the minimal axum app taking turns \
+                 like the rest (minimal axum app ÷ its second copy, run by run): \
+                 throughput {}, p99 {}.",
+                paired_ratio(minimal, copy, |r| r.rps),
+                paired_ratio(minimal, copy, |r| r.p99_ms),
+            )
+        });
         text.push_str(&format!(
             "### Trivial route: `GET /healthz`, closed loop, {} connections, {} rounds of {:?} (+{:?} warm-up), servers taking turns\n\n{}\n\
              **lameduck ÷ minimal axum app, run by run, median (min–max): throughput {} \
-             (target ≥ {THROUGHPUT_TARGET:.2}: {}), p50 {}, p99 {}.** The other baselines:\n\n{}\n{footer}\n",
+             (target ≥ {THROUGHPUT_TARGET:.2}: {}), p50 {}, p99 {}.**{noise} The other baselines:\n\n{}\n{footer}\n",
             o.connections,
             o.rounds,
             o.duration,
             o.warmup,
-            series_table(&[lameduck, minimal, stack, bare, plain], minimal),
+            series_table(&shown, minimal),
             fmt_ratios(&ratios),
             verdict(&ratios, THROUGHPUT_TARGET, true),
             paired_ratio(lameduck, minimal, |r| r.p50_ms),
@@ -1987,6 +2010,7 @@ mod tests {
                 series(AXUM_STACK, &[90.0, 90.0]),
                 series(BARE_HYPER, &[200.0, 200.0]),
                 series(PLAIN_AXUM, &[95.0, 80.0]),
+                series(MINIMAL_AXUM_COPY, &[80.0, 125.0]),
             ],
             counting: vec![
                 series(COUNTING, &[50.0]),
@@ -2043,6 +2067,13 @@ mod tests {
             text.contains("≤ 1.0×; lameduck: 0.500 (0.50–0.50) (met)"),
             "{text}"
         );
+        assert!(
+            text.contains(
+                "(minimal axum app ÷ its second copy, run by run): throughput 1.025 (0.80–1.25)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("| minimal axum app, second copy "), "{text}");
         assert!(text.contains("Command: `load bench --test`"), "{text}");
         assert!(
             !text.contains("target ≥ 0.97") && !text.contains("≤ 100 ms"),

@@ -1754,32 +1754,25 @@ pub fn summary(report: &BenchReport) -> String {
         report.machine.command
     );
     let mut text = String::new();
-    if let [lameduck, minimal, stack, bare, plain, copy @ ..] = report.throughput.as_slice() {
+    if let [lameduck, minimal, stack, bare, plain, copy] = report.throughput.as_slice() {
         let ratios = paired_ratios(&lameduck.runs, &minimal.runs, |r| r.rps);
-        let mut shown = vec![lameduck, minimal, stack, bare, plain];
-        shown.extend(copy.first());
-        let noise = copy.first().map_or_else(String::new, |copy| {
-            format!(
-                " The run's own noise, two copies of the minimal axum app taking turns \
-                 like the rest (minimal axum app ÷ its second copy, run by run): \
-                 throughput {}, p99 {}.",
-                paired_ratio(minimal, copy, |r| r.rps),
-                paired_ratio(minimal, copy, |r| r.p99_ms),
-            )
-        });
         text.push_str(&format!(
             "### Trivial route: `GET /healthz`, closed loop, {} connections, {} rounds of {:?} (+{:?} warm-up), servers taking turns\n\n{}\n\
              **lameduck ÷ minimal axum app, run by run, median (min–max): throughput {} \
-             (target ≥ {THROUGHPUT_TARGET:.2}: {}), p50 {}, p99 {}.**{noise} The other baselines:\n\n{}\n{footer}\n",
+             (target ≥ {THROUGHPUT_TARGET:.2}: {}), p50 {}, p99 {}.** The run's own noise, \
+             two copies of the minimal axum app taking turns like the rest (minimal axum app \
+             ÷ its second copy, run by run): throughput {}, p99 {}. The other baselines:\n\n{}\n{footer}\n",
             o.connections,
             o.rounds,
             o.duration,
             o.warmup,
-            series_table(&shown, minimal),
+            series_table(&[lameduck, minimal, stack, bare, plain, copy], minimal),
             fmt_ratios(&ratios),
             verdict(&ratios, THROUGHPUT_TARGET, true),
             paired_ratio(lameduck, minimal, |r| r.p50_ms),
             paired_ratio(lameduck, minimal, |r| r.p99_ms),
+            paired_ratio(minimal, copy, |r| r.rps),
+            paired_ratio(minimal, copy, |r| r.p99_ms),
             ratio_table(
                 lameduck,
                 &[

@@ -29,7 +29,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{ready, Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request};
@@ -181,7 +181,9 @@ where
     /// timeout in [`StackFuture`].
     fn call(&mut self, mut request: Request) -> Self::Future {
         let steps = self.shared.steps;
-        let started = Instant::now();
+        // Tokio's clock: the timeout's deadline is counted from it (and
+        // paused time in tests moves it).
+        let started = tokio::time::Instant::now();
         let request_id = steps.request_id.then(|| request_id(&mut request));
         let route = request.extensions().get::<MatchedPath>().cloned();
         let span = if steps.span {
@@ -198,11 +200,12 @@ where
                 response: Some(ApiError::BadRequest(problem.to_owned()).into_response()),
             },
             // The route's future does its work when polled, inside the span.
+            // The timeout's timer is made when the route first has to wait:
+            // an answer ready at once (most of them) never touches the
+            // timer wheel.
             None => State::Routing {
                 future: self.inner.call(request),
-                timeout: steps
-                    .timeout
-                    .then(|| tokio::time::sleep(self.shared.request_timeout)),
+                timeout: None,
             },
         };
         StackFuture {
@@ -254,7 +257,8 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     enum State<F> {
-        /// The route is answering; the timeout, if on, runs beside it.
+        /// The route is answering; the timeout, if on, runs beside it from
+        /// the route's first wait.
         Routing {
             #[pin]
             future: F,
@@ -277,7 +281,7 @@ struct Finish {
     route_metrics: Arc<OnceLock<RouteMetrics>>,
     route: Option<MatchedPath>,
     request_id: Option<HeaderValue>,
-    started: Instant,
+    started: tokio::time::Instant,
 }
 
 impl<F> Future for StackFuture<F>
@@ -311,7 +315,10 @@ where
     let steps = finish.shared.steps;
     loop {
         let response = match state.as_mut().project() {
-            StateProj::Routing { future, timeout } => {
+            StateProj::Routing {
+                future,
+                mut timeout,
+            } => {
                 let polled = if steps.catch_panic {
                     std::panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx)))
                 } else {
@@ -321,10 +328,17 @@ where
                     Ok(Poll::Ready(Ok(response))) => response,
                     Ok(Poll::Ready(Err(infallible))) => match infallible {},
                     Err(panic) => middleware::panic_response(&finish.shared.guard_metrics, panic),
-                    Ok(Poll::Pending) => match timeout.as_pin_mut().map(|t| t.poll(cx)) {
-                        Some(Poll::Ready(())) => finish.timed_out(),
-                        _ => return Poll::Pending,
-                    },
+                    Ok(Poll::Pending) if steps.timeout => {
+                        if timeout.is_none() {
+                            let deadline = finish.started + finish.shared.request_timeout;
+                            timeout.set(Some(tokio::time::sleep_until(deadline)));
+                        }
+                        match timeout.as_pin_mut().map(|t| t.poll(cx)) {
+                            Some(Poll::Ready(())) => finish.timed_out(),
+                            _ => return Poll::Pending,
+                        }
+                    }
+                    Ok(Poll::Pending) => return Poll::Pending,
                 }
             }
             StateProj::Converting { future } => {

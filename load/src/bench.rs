@@ -57,7 +57,7 @@ pub use h2::H2Case;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Part {
-    /// Throughput and latency of `GET /healthz`.
+    /// Throughput, latency and CPU a request of `GET /healthz`.
     Throughput,
     /// The redirect `GET /{code}`: lameduck against the minimal axum app,
     /// and the cost of hit counting (also `redirect`).
@@ -157,7 +157,7 @@ pub struct Options {
     pub bin_dir: Option<PathBuf>,
 }
 
-/// One measured closed-loop run.
+/// One measured run under load.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Run {
     /// Expected answers per second.
@@ -170,6 +170,13 @@ pub struct Run {
     pub unexpected: u64,
     /// Connection errors.
     pub errors: u64,
+    /// The server's CPU time (user + system, every thread) over the run
+    /// per answered request, µs; NaN where not measured.
+    pub cpu_us: f64,
+    /// The load generator's CPU time over the run ÷ the run's length: near
+    /// 1 on one core, the run measured the client as much as the server.
+    /// NaN where not measured.
+    pub client_busy: f64,
 }
 
 /// Every run of one server, and their medians.
@@ -185,6 +192,11 @@ pub struct Series {
     pub p50_ms: f64,
     /// Median of `p99_ms`.
     pub p99_ms: f64,
+    /// Median of `cpu_us` over the runs that measured it (NaN if none).
+    pub cpu_us: f64,
+    /// Median of `client_busy` over the runs that measured it (NaN if
+    /// none).
+    pub client_busy: f64,
 }
 
 impl Series {
@@ -194,6 +206,8 @@ impl Series {
             rps: median(runs.iter().map(|r| r.rps)),
             p50_ms: median(runs.iter().map(|r| r.p50_ms)),
             p99_ms: median(runs.iter().map(|r| r.p99_ms)),
+            cpu_us: median_measured(runs.iter().map(|r| r.cpu_us)),
+            client_busy: median_measured(runs.iter().map(|r| r.client_busy)),
             runs,
         }
     }
@@ -527,9 +541,34 @@ fn spill(options: &Options, dir: &Path) -> anyhow::Result<SpillSeries> {
     })
 }
 
-/// A server under closed-loop load: name, address, the requests to cycle
-/// through, the status expected.
-type Target = (String, SocketAddr, Arc<Vec<Vec<u8>>>, u16);
+/// A server under HTTP/1.1 closed-loop load.
+struct Target {
+    name: &'static str,
+    addr: SocketAddr,
+    /// Its process, whose CPU time each run reads.
+    pid: i32,
+    /// The requests to cycle through.
+    requests: Arc<Vec<Vec<u8>>>,
+    /// The status every answer should have.
+    expected: u16,
+}
+
+impl Target {
+    fn new(
+        name: &'static str,
+        replica: &Replica,
+        requests: &Arc<Vec<Vec<u8>>>,
+        expected: u16,
+    ) -> Target {
+        Target {
+            name,
+            addr: replica.addr,
+            pid: replica.pid(),
+            requests: Arc::clone(requests),
+            expected,
+        }
+    }
+}
 
 struct Bench<'a> {
     options: &'a Options,
@@ -578,45 +617,60 @@ impl Bench<'_> {
         Ok(replica)
     }
 
-    /// Closed-loop runs of every `(name, addr, requests, expected)`, taking
-    /// turns, the order rotating each round.
+    /// Closed-loop runs of every target, `--connections` connections of
+    /// one request at a time, taking turns, the order rotating each round.
+    /// Around each measured run the server's CPU time and the harness's own
+    /// are read: CPU a request prices the server alone, and a harness near
+    /// a whole core says the client, not only the server, set the pace.
     async fn rounds(&self, targets: &[Target]) -> Vec<Series> {
         let mut runs: Vec<Vec<Run>> = vec![Vec::new(); targets.len()];
         let connections = usize::try_from(self.options.connections).unwrap_or(64);
         for round in 0..self.options.rounds as usize {
             for turn in 0..targets.len() {
                 let index = (turn + round) % targets.len();
-                let (name, addr, requests, expected) = &targets[index];
-                raw::closed_loop(
-                    *addr,
-                    Arc::clone(requests),
-                    *expected,
-                    connections,
-                    self.options.warmup,
-                )
-                .await;
-                let result = raw::closed_loop(
-                    *addr,
-                    Arc::clone(requests),
-                    *expected,
-                    connections,
-                    self.options.duration,
-                )
-                .await;
+                let target = &targets[index];
+                let load = |duration| {
+                    raw::closed_loop(
+                        target.addr,
+                        Arc::clone(&target.requests),
+                        target.expected,
+                        connections,
+                        duration,
+                    )
+                };
+                load(self.options.warmup).await;
+                let server_before = replica::cpu_time(&target.pid.to_string());
+                let harness_before = replica::cpu_time("self");
+                let result = load(self.options.duration).await;
+                let server_after = replica::cpu_time(&target.pid.to_string());
+                let harness_after = replica::cpu_time("self");
+                let spent = |before: Option<Duration>, after: Option<Duration>| {
+                    Some(after?.saturating_sub(before?).as_secs_f64())
+                };
+                #[allow(clippy::cast_precision_loss)]
+                let answered = result.ok as f64;
                 let run = Run {
                     rps: result.throughput(),
                     p50_ms: result.latency_ms(0.50),
                     p99_ms: result.latency_ms(0.99),
                     unexpected: result.unexpected,
                     errors: result.errors,
+                    cpu_us: spent(server_before, server_after)
+                        .filter(|_| answered > 0.0)
+                        .map_or(f64::NAN, |cpu| cpu * 1e6 / answered),
+                    client_busy: spent(harness_before, harness_after)
+                        .map_or(f64::NAN, |cpu| cpu / result.elapsed.as_secs_f64()),
                 };
                 eprintln!(
-                    "load:   round {}/{} {name}: {:.0} req/s, p50 {} ms, p99 {} ms{}",
+                    "load:   round {}/{} {}: {:.0} req/s, p50 {} ms, p99 {} ms, server CPU {:.2} µs a request, load generator {:.0} % of a core{}",
                     round + 1,
                     self.options.rounds,
+                    target.name,
                     run.rps,
                     fmt_ms(run.p50_ms),
                     fmt_ms(run.p99_ms),
+                    run.cpu_us,
+                    run.client_busy * 100.0,
                     if run.unexpected + run.errors > 0 {
                         format!(", {} unexpected, {} errors", run.unexpected, run.errors)
                     } else {
@@ -629,7 +683,7 @@ impl Bench<'_> {
         targets
             .iter()
             .zip(runs)
-            .map(|((name, ..), runs)| Series::new(name, runs))
+            .map(|(target, runs)| Series::new(target.name, runs))
             .collect()
     }
 
@@ -675,17 +729,14 @@ impl Bench<'_> {
             )
             .await?;
         let requests = Arc::new(vec![raw::get("/healthz")]);
-        let targets: Vec<Target> = [
-            (LAMEDUCK, lameduck.addr),
-            (MINIMAL_AXUM, minimal.addr),
-            (AXUM_STACK, stack.addr),
-            (BARE_HYPER, bare.addr),
-            (PLAIN_AXUM, plain.addr),
-            (MINIMAL_AXUM_COPY, copy.addr),
-        ]
-        .into_iter()
-        .map(|(name, addr)| (name.to_owned(), addr, Arc::clone(&requests), 200))
-        .collect();
+        let targets = [
+            Target::new(LAMEDUCK, &lameduck, &requests, 200),
+            Target::new(MINIMAL_AXUM, &minimal, &requests, 200),
+            Target::new(AXUM_STACK, &stack, &requests, 200),
+            Target::new(BARE_HYPER, &bare, &requests, 200),
+            Target::new(PLAIN_AXUM, &plain, &requests, 200),
+            Target::new(MINIMAL_AXUM_COPY, &copy, &requests, 200),
+        ];
         let series = self.rounds(&targets).await;
         for replica in [
             &mut lameduck,
@@ -724,7 +775,6 @@ impl Bench<'_> {
                 "/readyz",
             )
             .await?;
-        let mut requests = Vec::new();
         for replica in [&counted, &minimal, &uncounted] {
             let mut conn = RawConn::connect(replica.addr).await?;
             for n in 0..self.options.links {
@@ -738,18 +788,16 @@ impl Bench<'_> {
                 }
             }
         }
-        for n in 0..self.options.links {
-            requests.push(raw::get(&format!("/bench-{n}")));
-        }
-        let requests = Arc::new(requests);
-        let targets: Vec<Target> = [
-            (COUNTING, counted.addr),
-            (MINIMAL_REDIRECT, minimal.addr),
-            (NOT_COUNTING, uncounted.addr),
-        ]
-        .into_iter()
-        .map(|(name, addr)| (name.to_owned(), addr, Arc::clone(&requests), 307))
-        .collect();
+        let requests = Arc::new(
+            (0..self.options.links)
+                .map(|n| raw::get(&format!("/bench-{n}")))
+                .collect(),
+        );
+        let targets = [
+            Target::new(COUNTING, &counted, &requests, 307),
+            Target::new(MINIMAL_REDIRECT, &minimal, &requests, 307),
+            Target::new(NOT_COUNTING, &uncounted, &requests, 307),
+        ];
         let series = self.rounds(&targets).await;
         for replica in [&mut counted, &mut minimal, &mut uncounted] {
             stop(replica).await;
@@ -1248,6 +1296,8 @@ impl Bench<'_> {
                     p99_ms: result.latency_ms(0.99),
                     unexpected: result.unexpected,
                     errors: result.errors,
+                    cpu_us: f64::NAN,
+                    client_busy: f64::NAN,
                 };
                 #[allow(clippy::cast_precision_loss)]
                 let cpu_us = if result.ok > 0 {
@@ -1460,6 +1510,16 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
+/// The median of the finite `values`, NaN if there are none.
+fn median_measured(values: impl Iterator<Item = f64>) -> f64 {
+    let measured: Vec<f64> = values.filter(|v| v.is_finite()).collect();
+    if measured.is_empty() {
+        f64::NAN
+    } else {
+        median(measured.into_iter())
+    }
+}
+
 /// The ratio of `a` to `b` run by run (each pair ran back to back in one
 /// round), as "median (min–max)": drift of a shared machine cancels out of
 /// each pair, where a ratio of medians would mix rounds.
@@ -1467,11 +1527,12 @@ fn paired_ratio(a: &Series, b: &Series, value: impl Fn(&Run) -> f64) -> String {
     fmt_ratios(&paired_ratios(&a.runs, &b.runs, value))
 }
 
-/// `a[i] ÷ b[i]` for every pair whose divisor is positive.
+/// `a[i] ÷ b[i]` for every pair whose divisor is positive and whose
+/// dividend was measured.
 fn paired_ratios<T>(a: &[T], b: &[T], value: impl Fn(&T) -> f64) -> Vec<f64> {
     a.iter()
         .zip(b)
-        .filter(|(_, y)| value(y) > 0.0)
+        .filter(|(x, y)| value(x).is_finite() && value(y) > 0.0)
         .map(|(x, y)| value(x) / value(y))
         .collect()
 }
@@ -1508,6 +1569,7 @@ fn ratio_table(a: &Series, baselines: &[(&Series, String)]) -> String {
         "throughput, median (min–max)",
         "p50",
         "p99",
+        "server CPU a request",
         "target (throughput)",
     ]
     .map(str::to_owned)
@@ -1520,6 +1582,7 @@ fn ratio_table(a: &Series, baselines: &[(&Series, String)]) -> String {
                 paired_ratio(a, b, |r| r.rps),
                 paired_ratio(a, b, |r| r.p50_ms),
                 paired_ratio(a, b, |r| r.p99_ms),
+                paired_ratio(a, b, |r| r.cpu_us),
                 target.clone(),
             ]
         })
@@ -1527,7 +1590,7 @@ fn ratio_table(a: &Series, baselines: &[(&Series, String)]) -> String {
     report::table(&header, &rows)
 }
 
-/// The table of closed-loop series, with each median ÷ `base`'s.
+/// The table of series under load, with each median ÷ `base`'s.
 fn series_table(series: &[&Series], base: &Series) -> String {
     let header: Vec<String> = vec![
         "server".to_owned(),
@@ -1535,6 +1598,8 @@ fn series_table(series: &[&Series], base: &Series) -> String {
         "p50 ms".to_owned(),
         "p99 ms".to_owned(),
         format!("median ÷ median of {}", base.server),
+        "server CPU µs a request (median)".to_owned(),
+        "load generator busy (median)".to_owned(),
         "failed".to_owned(),
     ];
     let rows: Vec<Vec<String>> = series
@@ -1546,6 +1611,8 @@ fn series_table(series: &[&Series], base: &Series) -> String {
                 fmt_ms(s.p50_ms),
                 fmt_ms(s.p99_ms),
                 ratio(s.rps, base.rps),
+                fmt_cpu(s.cpu_us),
+                fmt_busy(s.client_busy),
                 s.failures().to_string(),
             ]
         })
@@ -1665,6 +1732,24 @@ fn shutdown_summary(
     )
 }
 
+/// A share of a core as a percentage, `–` where not measured.
+fn fmt_busy(share: f64) -> String {
+    if share.is_finite() {
+        format!("{:.0} %", share * 100.0)
+    } else {
+        "–".to_owned()
+    }
+}
+
+/// CPU µs a request, `–` where not measured.
+fn fmt_cpu(us: f64) -> String {
+    if us.is_finite() {
+        format!("{us:.2}")
+    } else {
+        "–".to_owned()
+    }
+}
+
 fn ratio(a: f64, b: f64) -> String {
     if b == 0.0 {
         "–".to_owned()
@@ -1759,7 +1844,7 @@ pub fn summary(report: &BenchReport) -> String {
         text.push_str(&format!(
             "### Trivial route: `GET /healthz`, closed loop, {} connections, {} rounds of {:?} (+{:?} warm-up), servers taking turns\n\n{}\n\
              **lameduck ÷ minimal axum app, run by run, median (min–max): throughput {} \
-             (target ≥ {THROUGHPUT_TARGET:.2}: {}), p50 {}, p99 {}.** The run's own noise, \
+             (target ≥ {THROUGHPUT_TARGET:.2}: {}), p50 {}, p99 {}; server CPU a request {}.** The run's own noise, \
              two copies of the minimal axum app taking turns like the rest (minimal axum app \
              ÷ its second copy, run by run): throughput {}, p99 {}. The other baselines:\n\n{}\n{footer}\n",
             o.connections,
@@ -1771,6 +1856,7 @@ pub fn summary(report: &BenchReport) -> String {
             verdict(&ratios, THROUGHPUT_TARGET, true),
             paired_ratio(lameduck, minimal, |r| r.p50_ms),
             paired_ratio(lameduck, minimal, |r| r.p99_ms),
+            paired_ratio(lameduck, minimal, |r| r.cpu_us),
             paired_ratio(minimal, copy, |r| r.rps),
             paired_ratio(minimal, copy, |r| r.p99_ms),
             ratio_table(
@@ -1787,18 +1873,20 @@ pub fn summary(report: &BenchReport) -> String {
     if let [counted, minimal, uncounted] = report.counting.as_slice() {
         let ratios = paired_ratios(&counted.runs, &minimal.runs, |r| r.rps);
         text.push_str(&format!(
-            "### Redirect hot path: `GET /{{code}}` over {} links (lameduck on SQLite, the default store; the minimal axum app on an in-memory map), closed loop, {} connections, {} rounds of {:?}\n\n{}\n\
+            "### Redirect hot path: `GET /{{code}}` over {} links (lameduck on SQLite, the default store; the minimal axum app on an in-memory map), closed loop, {} connections, {} rounds of {:?} (+{:?} warm-up)\n\n{}\n\
              **lameduck ÷ minimal axum app, run by run, median (min–max): throughput {} \
-             (target ≥ {THROUGHPUT_TARGET:.2}: {}), p50 {}, p99 {}.** The cost of counting the hit:\n\n{}\n{footer}\n",
+             (target ≥ {THROUGHPUT_TARGET:.2}: {}), p50 {}, p99 {}; server CPU a request {}.** The cost of counting the hit:\n\n{}\n{footer}\n",
             o.links,
             o.connections,
             o.rounds,
             o.duration,
+            o.warmup,
             series_table(&[counted, minimal, uncounted], minimal),
             fmt_ratios(&ratios),
             verdict(&ratios, THROUGHPUT_TARGET, true),
             paired_ratio(counted, minimal, |r| r.p50_ms),
             paired_ratio(counted, minimal, |r| r.p99_ms),
+            paired_ratio(counted, minimal, |r| r.cpu_us),
             ratio_table(
                 counted,
                 &[
@@ -1925,6 +2013,8 @@ mod tests {
                 p99_ms: 2e3 / rps,
                 unexpected: 0,
                 errors: 0,
+                cpu_us: 1e6 / rps,
+                client_busy: 0.5,
             })
             .collect();
         Series::new(server, runs)

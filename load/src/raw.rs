@@ -1,7 +1,9 @@
-//! A minimal HTTP/1.1 keep-alive client over a bare `TcpStream`: fixed
-//! request bytes out, one response in (status line, `Content-Length` body).
-//! It costs far less CPU per request than the servers it measures, so a
-//! closed-loop benchmark on one core saturates a server on another.
+//! A minimal HTTP/1.1 keep-alive client over a bare `TcpStream` (or a TLS
+//! stream): fixed request bytes out, one response in (status line,
+//! `Content-Length` body). From one core it drives more requests a second
+//! than `h2load --h1` does (bare hyper: 213k against 175k on one machine),
+//! so a closed loop on one core keeps a server on another busy; the bench
+//! says, run by run, how much of its core the harness took.
 
 use std::future::Future;
 use std::io;

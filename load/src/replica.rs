@@ -275,6 +275,18 @@ pub fn cpu_time(pid: &str) -> Option<Duration> {
     Some(Duration::from_millis((utime + stime) * 10))
 }
 
+/// CPU time (user + system) of this process's children that have exited
+/// and been waited for, from `/proc/self/stat`, in clock ticks of 10 ms.
+pub fn children_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // cutime and cstime are fields 16 and 17.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(13);
+    let cutime: u64 = fields.next()?.parse().ok()?;
+    let cstime: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((cutime + cstime) * 10))
+}
+
 async fn forward_lines(output: impl AsyncRead + Unpin, lines: mpsc::UnboundedSender<String>) {
     let mut reader = BufReader::new(output).lines();
     while let Ok(Some(line)) = reader.next_line().await {

@@ -11,15 +11,20 @@
 //! decides how responses reach the wire: without it the kernel holds small
 //! writes back while earlier ones are unacknowledged (Nagle's algorithm)
 //! and sends them together; with it every response is a packet of its own.
+//!
+//! Every run reads the server's CPU time and h2load's around it, as the
+//! HTTP/1.1 parts do: CPU a request prices the server alone.
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde::Serialize;
 
 use super::{create_bench_link, stop, Bench, Run, Series, LAMEDUCK, MINIMAL_AXUM};
 use crate::raw::RawConn;
+use crate::replica::{children_cpu_time, cpu_time};
 use crate::report::fmt_ms;
 
 /// The minimal axum app with `TCP_NODELAY` on its connections.
@@ -69,11 +74,11 @@ impl Bench<'_> {
             .push((crate::baseline::NODELAY_ENV.to_owned(), "1".to_owned()));
         let mut nodelay = self.start("h2-nodelay", &nodelay_spec, "/readyz").await?;
         let servers = [
-            (LAMEDUCK, lameduck.addr),
-            (MINIMAL_AXUM, minimal.addr),
-            (MINIMAL_NODELAY, nodelay.addr),
+            (LAMEDUCK, lameduck.addr, lameduck.pid()),
+            (MINIMAL_AXUM, minimal.addr, minimal.pid()),
+            (MINIMAL_NODELAY, nodelay.addr, nodelay.pid()),
         ];
-        for (name, addr) in servers {
+        for (name, addr, _) in servers {
             let mut conn = RawConn::connect(addr).await?;
             for n in 0..self.options.links {
                 let head = conn.exchange(&create_bench_link(n)).await?;
@@ -96,21 +101,23 @@ impl Bench<'_> {
                 for round in 0..self.options.rounds as usize {
                     for turn in 0..servers.len() {
                         let index = (turn + round) % servers.len();
-                        let (name, addr) = servers[index];
+                        let (name, addr, pid) = servers[index];
                         let log = self.logs.join(format!("h2load-{index}.tsv"));
                         let shape = Shape {
                             connections,
                             streams,
                             expected: *expected,
                         };
-                        let run = self.h2load(addr, paths, shape, &log).await?;
+                        let run = self.h2load(addr, paths, shape, &log, Some(pid)).await?;
                         eprintln!(
-                            "load:   round {}/{} {route} {connections}×{streams} {name}: {:.0} req/s, p50 {} ms, p99 {} ms",
+                            "load:   round {}/{} {route} {connections}×{streams} {name}: {:.0} req/s, p50 {} ms, p99 {} ms, server CPU {:.2} µs a request, h2load {:.0} % of a core",
                             round + 1,
                             self.options.rounds,
                             run.rps,
                             fmt_ms(run.p50_ms),
                             fmt_ms(run.p99_ms),
+                            run.cpu_us,
+                            run.client_busy * 100.0,
                         );
                         runs[index].push(run);
                     }
@@ -122,7 +129,7 @@ impl Bench<'_> {
                     series: servers
                         .iter()
                         .zip(runs)
-                        .map(|((name, _), runs)| Series::new(name, runs))
+                        .map(|((name, ..), runs)| Series::new(name, runs))
                         .collect(),
                 });
             }
@@ -133,58 +140,99 @@ impl Bench<'_> {
         Ok(cases)
     }
 
-    /// One measured `h2load` run (after its warm-up) against `addr`,
-    /// cycling through `paths`.
+    /// One measured `h2load` run against `addr`, cycling through `paths`,
+    /// after an unmeasured one of `--warmup`. With `pid`, the server's CPU
+    /// time (user + system, every thread) over the measured run is divided
+    /// among the requests it answered.
     async fn h2load(
         &self,
         addr: SocketAddr,
         paths: &[String],
         shape: Shape,
         log: &Path,
+        pid: Option<i32>,
     ) -> anyhow::Result<Run> {
-        // h2load appends to its log.
-        match std::fs::remove_file(log) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-                return Err(error).context("cannot remove the last h2load log");
-            }
-            _ => {}
+        if !self.options.warmup.is_zero() {
+            run_h2load(addr, paths, shape, self.options.warmup, log).await?;
         }
-        let seconds = |d: std::time::Duration| format!("{}ms", d.as_millis().max(1));
-        let mut command = tokio::process::Command::new("h2load");
-        command
-            .arg("--duration")
-            .arg(seconds(self.options.duration))
-            .arg("--warm-up-time")
-            .arg(seconds(self.options.warmup))
-            .arg("--clients")
-            .arg(shape.connections.to_string())
-            .arg("--max-concurrent-streams")
-            .arg(shape.streams.to_string())
-            .arg("--log-file")
-            .arg(log)
-            .args(paths.iter().map(|path| format!("http://{addr}{path}")))
-            .kill_on_drop(true);
-        let output = command
-            .output()
-            .await
-            .context("cannot run h2load (scripts/install-test-deps.sh h2load installs it)")?;
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        if !output.status.success() {
-            bail!(
-                "h2load failed ({}): {stdout}{}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            );
+        let cpu_before = pid.and_then(|pid| cpu_time(&pid.to_string()));
+        let client_before = children_cpu_time();
+        let (stdout, log) = run_h2load(addr, paths, shape, self.options.duration, log).await?;
+        let cpu_after = pid.and_then(|pid| cpu_time(&pid.to_string()));
+        let client_after = children_cpu_time();
+        let mut run = parse(&stdout, &log, shape.expected)?;
+        if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
+            run.cpu_us =
+                cpu_per_request(after.saturating_sub(before), run.rps, self.options.duration);
         }
-        let log = std::fs::read_to_string(log).context("cannot read h2load's log")?;
-        parse(&stdout, &log, shape.expected)
+        if let (Some(before), Some(after)) = (client_before, client_after) {
+            run.client_busy =
+                after.saturating_sub(before).as_secs_f64() / self.options.duration.as_secs_f64();
+        }
+        Ok(run)
     }
+}
+
+/// Server CPU per answered request, µs: `cpu` spent over `duration` at
+/// `rps` answers a second.
+fn cpu_per_request(cpu: Duration, rps: f64, duration: Duration) -> f64 {
+    let answered = rps * duration.as_secs_f64();
+    if answered > 0.0 {
+        cpu.as_secs_f64() * 1e6 / answered
+    } else {
+        f64::NAN
+    }
+}
+
+/// Runs `h2load` for `duration` as `shape` says; its summary and its
+/// per-request log.
+async fn run_h2load(
+    addr: SocketAddr,
+    paths: &[String],
+    shape: Shape,
+    duration: Duration,
+    log: &Path,
+) -> anyhow::Result<(String, String)> {
+    // h2load appends to its log.
+    match std::fs::remove_file(log) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            return Err(error).context("cannot remove the last h2load log");
+        }
+        _ => {}
+    }
+    let mut command = tokio::process::Command::new("h2load");
+    command
+        .arg("--duration")
+        .arg(format!("{}ms", duration.as_millis().max(1)))
+        .arg("--clients")
+        .arg(shape.connections.to_string())
+        .arg("--max-concurrent-streams")
+        .arg(shape.streams.to_string())
+        .arg("--log-file")
+        .arg(log)
+        .args(paths.iter().map(|path| format!("http://{addr}{path}")))
+        .kill_on_drop(true);
+    let output = command
+        .output()
+        .await
+        .context("cannot run h2load (scripts/install-test-deps.sh h2load installs it)")?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() {
+        bail!(
+            "h2load failed ({}): {stdout}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let log = std::fs::read_to_string(log).context("cannot read h2load's log")?;
+    Ok((stdout, log))
 }
 
 /// How `h2load` loads a server, and the status expected.
 #[derive(Clone, Copy, Debug)]
 struct Shape {
     connections: u32,
+    /// Concurrent streams on each connection.
     streams: u32,
     expected: u16,
 }
@@ -240,6 +288,8 @@ fn parse(stdout: &str, log: &str, expected: u16) -> anyhow::Result<Run> {
         p99_ms: at(0.99),
         unexpected,
         errors,
+        cpu_us: f64::NAN,
+        client_busy: f64::NAN,
     })
 }
 

@@ -570,6 +570,74 @@ impl Target {
     }
 }
 
+/// Where a load generator's CPU time is read: this process (the closed
+/// loop runs in it) or its exited children (h2load).
+#[derive(Clone, Copy, Debug)]
+enum Harness {
+    Own,
+    Children,
+}
+
+/// The CPU time a server and the load generator had used when a run
+/// began, to price the run when it ends.
+struct CpuMark {
+    pid: i32,
+    harness: Harness,
+    server: Option<Duration>,
+    load: Option<Duration>,
+}
+
+/// What one run cost: CPU seconds, NaN where unreadable.
+#[derive(Clone, Copy, Debug)]
+struct CpuSpent {
+    server: f64,
+    load: f64,
+}
+
+impl CpuMark {
+    fn take(pid: i32, harness: Harness) -> CpuMark {
+        CpuMark {
+            pid,
+            harness,
+            server: replica::cpu_time(&pid.to_string()),
+            load: harness.cpu_time(),
+        }
+    }
+
+    /// The CPU time each side has used since the mark.
+    fn spent(&self) -> CpuSpent {
+        let since = |before: Option<Duration>, after: Option<Duration>| match (before, after) {
+            (Some(before), Some(after)) => after.saturating_sub(before).as_secs_f64(),
+            _ => f64::NAN,
+        };
+        CpuSpent {
+            server: since(self.server, replica::cpu_time(&self.pid.to_string())),
+            load: since(self.load, self.harness.cpu_time()),
+        }
+    }
+}
+
+impl Harness {
+    fn cpu_time(self) -> Option<Duration> {
+        match self {
+            Harness::Own => replica::cpu_time("self"),
+            Harness::Children => replica::children_cpu_time(),
+        }
+    }
+}
+
+impl CpuSpent {
+    /// Server CPU µs per answered request (NaN for none).
+    #[allow(clippy::cast_precision_loss)]
+    fn server_us_per(self, answered: u64) -> f64 {
+        if answered > 0 {
+            self.server * 1e6 / answered as f64
+        } else {
+            f64::NAN
+        }
+    }
+}
+
 struct Bench<'a> {
     options: &'a Options,
     binaries: &'a Binaries,
@@ -639,27 +707,17 @@ impl Bench<'_> {
                     )
                 };
                 load(self.options.warmup).await;
-                let server_before = replica::cpu_time(&target.pid.to_string());
-                let harness_before = replica::cpu_time("self");
+                let mark = CpuMark::take(target.pid, Harness::Own);
                 let result = load(self.options.duration).await;
-                let server_after = replica::cpu_time(&target.pid.to_string());
-                let harness_after = replica::cpu_time("self");
-                let spent = |before: Option<Duration>, after: Option<Duration>| {
-                    Some(after?.saturating_sub(before?).as_secs_f64())
-                };
-                #[allow(clippy::cast_precision_loss)]
-                let answered = result.ok as f64;
+                let spent = mark.spent();
                 let run = Run {
                     rps: result.throughput(),
                     p50_ms: result.latency_ms(0.50),
                     p99_ms: result.latency_ms(0.99),
                     unexpected: result.unexpected,
                     errors: result.errors,
-                    cpu_us: spent(server_before, server_after)
-                        .filter(|_| answered > 0.0)
-                        .map_or(f64::NAN, |cpu| cpu * 1e6 / answered),
-                    client_busy: spent(harness_before, harness_after)
-                        .map_or(f64::NAN, |cpu| cpu / result.elapsed.as_secs_f64()),
+                    cpu_us: spent.server_us_per(result.ok),
+                    client_busy: spent.load / result.elapsed.as_secs_f64(),
                 };
                 eprintln!(
                     "load:   round {}/{} {}: {:.0} req/s, p50 {} ms, p99 {} ms, server CPU {:.2} µs a request, load generator {:.0} % of a core{}",
@@ -1113,9 +1171,7 @@ struct TlsTarget<'a> {
 #[derive(Clone, Copy)]
 struct TlsRun {
     run: Run,
-    cpu_us: f64,
     server_busy: f64,
-    harness_busy: f64,
     resumed: f64,
 }
 
@@ -1268,17 +1324,10 @@ impl Bench<'_> {
                 };
                 go(self.options.warmup).await;
                 let handshakes = target.client.as_ref().map(tls::Client::handshakes);
-                let server_before = target.server.cpu_time();
-                let harness_before = replica::cpu_time("self");
+                let mark = CpuMark::take(target.server.pid(), Harness::Own);
                 let result = go(self.options.duration).await;
                 let seconds = result.elapsed.as_secs_f64();
-                let spent =
-                    |before: Option<Duration>, after: Option<Duration>| match (before, after) {
-                        (Some(before), Some(after)) => after.saturating_sub(before).as_secs_f64(),
-                        _ => f64::NAN,
-                    };
-                let server_cpu = spent(server_before, target.server.cpu_time());
-                let harness_cpu = spent(harness_before, replica::cpu_time("self"));
+                let spent = mark.spent();
                 let resumed = match (
                     handshakes,
                     target.client.as_ref().map(tls::Client::handshakes),
@@ -1296,14 +1345,8 @@ impl Bench<'_> {
                     p99_ms: result.latency_ms(0.99),
                     unexpected: result.unexpected,
                     errors: result.errors,
-                    cpu_us: f64::NAN,
-                    client_busy: f64::NAN,
-                };
-                #[allow(clippy::cast_precision_loss)]
-                let cpu_us = if result.ok > 0 {
-                    server_cpu * 1e6 / result.ok as f64
-                } else {
-                    f64::NAN
+                    cpu_us: spent.server_us_per(result.ok),
+                    client_busy: spent.load / seconds,
                 };
                 eprintln!(
                     "load:   round {}/{} {}: {:.0} req/s, p50 {} ms, p99 {} ms, server CPU {:.1} µs per request ({:.0} % of a core), harness {:.0} %{}{}",
@@ -1313,9 +1356,9 @@ impl Bench<'_> {
                     run.rps,
                     fmt_ms(run.p50_ms),
                     fmt_ms(run.p99_ms),
-                    cpu_us,
-                    server_cpu / seconds * 100.0,
-                    harness_cpu / seconds * 100.0,
+                    run.cpu_us,
+                    spent.server / seconds * 100.0,
+                    run.client_busy * 100.0,
                     if target.name == TLS_RESUMED {
                         format!(", {:.0} % resumed", resumed * 100.0)
                     } else {
@@ -1329,9 +1372,7 @@ impl Bench<'_> {
                 );
                 runs[index].push(TlsRun {
                     run,
-                    cpu_us,
-                    server_busy: server_cpu / seconds,
-                    harness_busy: harness_cpu / seconds,
+                    server_busy: spent.server / seconds,
                     resumed,
                 });
             }
@@ -1341,9 +1382,9 @@ impl Bench<'_> {
             .zip(runs)
             .map(|(target, runs)| TlsSeries {
                 series: Series::new(target.name, runs.iter().map(|r| r.run).collect()),
-                server_cpu_us: runs.iter().map(|r| r.cpu_us).collect(),
+                server_cpu_us: runs.iter().map(|r| r.run.cpu_us).collect(),
                 server_busy: runs.iter().map(|r| r.server_busy).collect(),
-                harness_busy: runs.iter().map(|r| r.harness_busy).collect(),
+                harness_busy: runs.iter().map(|r| r.run.client_busy).collect(),
                 resumed: if target.client.is_some() {
                     runs.iter().map(|r| r.resumed).collect()
                 } else {

@@ -242,12 +242,6 @@ impl Replica {
         }
     }
 
-    /// CPU time (user + system, every thread's, finished ones included)
-    /// the process has used, from `/proc/PID/stat`.
-    pub fn cpu_time(&self) -> Option<Duration> {
-        cpu_time(&self.pid.to_string())
-    }
-
     /// Resident set size in KiB, from `/proc/PID/status`.
     pub fn rss_kib(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
@@ -361,5 +355,21 @@ mod tests {
         let spent = cpu_time("self").expect("/proc/self/stat");
         assert!(spent < Duration::from_secs(3600), "{spent:?}");
         assert_eq!(cpu_time("0"), None);
+    }
+
+    #[test]
+    fn children_cpu_time_counts_a_child_once_it_is_waited_for() {
+        let before = children_cpu_time().expect("/proc/self/stat");
+        // Busy children until the kernel's 10 ms ticks show one: the first
+        // usually does; the bound keeps a broken reading from looping.
+        let grew = (0..50).any(|_| {
+            let status = std::process::Command::new("sh")
+                .args(["-c", "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"])
+                .status()
+                .expect("sh runs");
+            assert!(status.success());
+            children_cpu_time().expect("/proc/self/stat") > before
+        });
+        assert!(grew, "children's CPU time stayed at {before:?}");
     }
 }

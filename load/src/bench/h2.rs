@@ -22,9 +22,10 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use super::{create_bench_link, stop, Bench, Run, Series, LAMEDUCK, MINIMAL_AXUM};
+use super::{
+    create_bench_link, stop, Bench, CpuMark, Harness, Run, Series, LAMEDUCK, MINIMAL_AXUM,
+};
 use crate::raw::RawConn;
-use crate::replica::{children_cpu_time, cpu_time};
 use crate::report::fmt_ms;
 
 /// The minimal axum app with `TCP_NODELAY` on its connections.
@@ -108,7 +109,7 @@ impl Bench<'_> {
                             streams,
                             expected: *expected,
                         };
-                        let run = self.h2load(addr, paths, shape, &log, Some(pid)).await?;
+                        let run = self.h2load(addr, paths, shape, &log, pid).await?;
                         eprintln!(
                             "load:   round {}/{} {route} {connections}×{streams} {name}: {:.0} req/s, p50 {} ms, p99 {} ms, server CPU {:.2} µs a request, h2load {:.0} % of a core",
                             round + 1,
@@ -141,46 +142,30 @@ impl Bench<'_> {
     }
 
     /// One measured `h2load` run against `addr`, cycling through `paths`,
-    /// after an unmeasured one of `--warmup`. With `pid`, the server's CPU
-    /// time (user + system, every thread) over the measured run is divided
-    /// among the requests it answered.
+    /// after an unmeasured one of `--warmup`; the server (process `pid`)
+    /// and h2load priced as [`Bench::rounds`] prices its runs.
     async fn h2load(
         &self,
         addr: SocketAddr,
         paths: &[String],
         shape: Shape,
         log: &Path,
-        pid: Option<i32>,
+        pid: i32,
     ) -> anyhow::Result<Run> {
         if !self.options.warmup.is_zero() {
             run_h2load(addr, paths, shape, self.options.warmup, log).await?;
         }
-        let cpu_before = pid.and_then(|pid| cpu_time(&pid.to_string()));
-        let client_before = children_cpu_time();
+        let mark = CpuMark::take(pid, Harness::Children);
         let (stdout, log) = run_h2load(addr, paths, shape, self.options.duration, log).await?;
-        let cpu_after = pid.and_then(|pid| cpu_time(&pid.to_string()));
-        let client_after = children_cpu_time();
+        let spent = mark.spent();
         let mut run = parse(&stdout, &log, shape.expected)?;
-        if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
-            run.cpu_us =
-                cpu_per_request(after.saturating_sub(before), run.rps, self.options.duration);
-        }
-        if let (Some(before), Some(after)) = (client_before, client_after) {
-            run.client_busy =
-                after.saturating_sub(before).as_secs_f64() / self.options.duration.as_secs_f64();
-        }
+        // h2load's rate is over the measured run, whose length it was told.
+        let seconds = self.options.duration.as_secs_f64();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let answered = (run.rps * seconds).round() as u64;
+        run.cpu_us = spent.server_us_per(answered);
+        run.client_busy = spent.load / seconds;
         Ok(run)
-    }
-}
-
-/// Server CPU per answered request, µs: `cpu` spent over `duration` at
-/// `rps` answers a second.
-fn cpu_per_request(cpu: Duration, rps: f64, duration: Duration) -> f64 {
-    let answered = rps * duration.as_secs_f64();
-    if answered > 0.0 {
-        cpu.as_secs_f64() * 1e6 / answered
-    } else {
-        f64::NAN
     }
 }
 

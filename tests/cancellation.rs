@@ -460,6 +460,22 @@ async fn polls_to_complete<F: Future>(future: F) -> usize {
     }
 }
 
+/// The most polls any of a few runs of `run(attempt)` took, stopping at
+/// the first that took two or more. Each step usually leaves the future
+/// waiting on the database; on a fast loopback an answer can be there
+/// before it is read, and a run then takes fewer polls than it has await
+/// points.
+async fn most_polls_to_complete<F: Future>(mut run: impl FnMut(usize) -> F) -> usize {
+    let mut most = 0;
+    for attempt in 0..5 {
+        most = most.max(polls_to_complete(run(attempt)).await);
+        if most >= 2 {
+            break;
+        }
+    }
+    most
+}
+
 async fn wait_for_wake<F>(task: &tokio_test::task::Spawn<F>) {
     let woken = eventually(Duration::from_secs(10), || {
         let woken = task.is_woken();
@@ -533,7 +549,12 @@ async fn cancel_at_every_await_point(database_url: Option<&str>, admin: Option<&
         .expect("storage");
 
     let never = CancellationToken::new();
-    let full = polls_to_complete(storage.insert_link(&link("full"), &never)).await;
+    let full = most_polls_to_complete(|attempt| {
+        let (storage, never) = (&storage, &never);
+        let new = link(&format!("full-{attempt}"));
+        async move { storage.insert_link(&new, never).await }
+    })
+    .await;
     assert!(full >= 2, "a transaction takes several polls, got {full}");
 
     for k in 0..=full {
@@ -630,7 +651,9 @@ async fn cut_link_creation_at_every_await_point(cut: Cut) {
         (shutdown, service)
     };
 
-    let full = polls_to_complete(timeline().1.call(create("full"))).await;
+    let full =
+        most_polls_to_complete(|attempt| timeline().1.call(create(&format!("full-{attempt}"))))
+            .await;
     assert!(full >= 2, "a request takes several polls, got {full}");
     for k in 0..=full {
         let code = format!("{cut:?}-{k}").to_lowercase();

@@ -256,29 +256,31 @@ impl Replica {
 }
 
 /// CPU time (user + system) of process `pid` (`self` for this one), from
-/// `/proc/PID/stat`, in the kernel's clock ticks of 10 ms (`USER_HZ` is 100
-/// on Linux whatever the kernel's own tick).
+/// `/proc/PID/stat`.
 pub fn cpu_time(pid: &str) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name, which may hold spaces: state, then fields 4
-    // onwards; utime and stime are fields 14 and 15.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some(Duration::from_millis((utime + stime) * 10))
+    // utime and stime are fields 14 and 15.
+    stat_ticks(&format!("/proc/{pid}/stat"), 14)
 }
 
 /// CPU time (user + system) of this process's children that have exited
-/// and been waited for, from `/proc/self/stat`, in clock ticks of 10 ms.
+/// and been waited for, from `/proc/self/stat`.
 pub fn children_cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // cutime and cstime are fields 16 and 17.
+    stat_ticks("/proc/self/stat", 16)
+}
+
+/// The sum of fields `field` and `field + 1` (numbered from 1, as in
+/// proc(5)) of the `stat` file at `path`, read as the kernel's clock ticks
+/// of 10 ms (`USER_HZ` is 100 on Linux whatever the kernel's own tick).
+fn stat_ticks(path: &str, field: usize) -> Option<Duration> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    // After the command name (field 2), which may hold spaces: the state
+    // (field 3), then the rest.
     let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(13);
-    let cutime: u64 = fields.next()?.parse().ok()?;
-    let cstime: u64 = fields.next()?.parse().ok()?;
-    Some(Duration::from_millis((cutime + cstime) * 10))
+    let mut fields = rest.split_whitespace().skip(field - 3);
+    let first: u64 = fields.next()?.parse().ok()?;
+    let second: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((first + second) * 10))
 }
 
 async fn forward_lines(output: impl AsyncRead + Unpin, lines: mpsc::UnboundedSender<String>) {

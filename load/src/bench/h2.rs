@@ -158,13 +158,9 @@ impl Bench<'_> {
         let mark = CpuMark::take(pid, Harness::Children);
         let (stdout, log) = run_h2load(addr, paths, shape, self.options.duration, log).await?;
         let spent = mark.spent();
-        let mut run = parse(&stdout, &log, shape.expected)?;
-        // h2load's rate is over the measured run, whose length it was told.
-        let seconds = self.options.duration.as_secs_f64();
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let answered = (run.rps * seconds).round() as u64;
+        let (mut run, answered) = parse(&stdout, &log, shape.expected)?;
         run.cpu_us = spent.server_us_per(answered);
-        run.client_busy = spent.load / seconds;
+        run.client_busy = spent.load / self.options.duration.as_secs_f64();
         Ok(run)
     }
 }
@@ -223,8 +219,9 @@ struct Shape {
 }
 
 /// A run from `h2load`'s summary (`stdout`) and its per-request log
-/// (start µs, status, µs to the end of the response, tab-separated).
-fn parse(stdout: &str, log: &str, expected: u16) -> anyhow::Result<Run> {
+/// (start µs, status, µs to the end of the response, tab-separated), and
+/// how many answers the log holds with the `expected` status.
+fn parse(stdout: &str, log: &str, expected: u16) -> anyhow::Result<(Run, u64)> {
     let rps = stdout
         .lines()
         .find_map(|line| {
@@ -267,7 +264,7 @@ fn parse(stdout: &str, log: &str, expected: u16) -> anyhow::Result<Run> {
         let rank = ((latencies_us.len() - 1) as f64 * q).round() as usize;
         latencies_us[rank] / 1000.0
     };
-    Ok(Run {
+    let run = Run {
         rps,
         p50_ms: at(0.50),
         p99_ms: at(0.99),
@@ -275,7 +272,8 @@ fn parse(stdout: &str, log: &str, expected: u16) -> anyhow::Result<Run> {
         errors,
         cpu_us: f64::NAN,
         client_busy: f64::NAN,
-    })
+    };
+    Ok((run, latencies_us.len() as u64))
 }
 
 #[cfg(test)]
@@ -292,7 +290,8 @@ mod tests {
                    1795458706509265\t200\t1000\n\
                    1795458706509265\t200\t2000\n\
                    1795458706509266\t503\t100\n";
-        let run = parse(stdout, log, 200).expect("parsed");
+        let (run, answered) = parse(stdout, log, 200).expect("parsed");
+        assert_eq!(answered, 3);
         assert!((run.rps - 26345.0).abs() < 1e-9, "{run:?}");
         assert_eq!(run.errors, 2);
         assert_eq!(run.unexpected, 1);

@@ -506,9 +506,24 @@ impl Storage {
     /// links in code order first, whatever the order of `hits`; on SQLite
     /// the transaction holds the database's one write lock.
     ///
+    /// It is tried whether or not the database is known to be down (the
+    /// flusher and the spill replay are how hits reach it once it is back),
+    /// and what it meets is noted like any other call's: a batch that lands
+    /// marks the database reachable again at once, without waiting for the
+    /// next probe.
+    ///
     /// # Errors
     /// The database error; nothing was written.
     pub async fn apply_hits(
+        &self,
+        batch_id: &str,
+        hits: &[(String, u64)],
+    ) -> Result<bool, StorageError> {
+        let result = self.apply_hits_inner(batch_id, hits).await;
+        self.observe(result)
+    }
+
+    async fn apply_hits_inner(
         &self,
         batch_id: &str,
         hits: &[(String, u64)],
@@ -769,6 +784,29 @@ mod tests {
         ];
         let counts: serde_json::Value = serde_json::from_str(&counts_json(&rows)).expect("JSON");
         assert_eq!(counts, serde_json::json!({ "a\"b": 5, "c": i64::MAX }));
+    }
+
+    // The database was marked down (a probe or a call met it unreachable);
+    // the flusher's next batch lands: reads stop failing fast at once, not
+    // at the next probe.
+    #[tokio::test]
+    async fn a_batch_that_lands_marks_the_database_reachable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let storage = Storage::open(None, dir.path(), 1, StorageMetrics::default())
+            .await
+            .expect("open SQLite");
+        storage.set_healthy(false);
+        assert!(matches!(
+            storage.find_link("abc").await,
+            Err(StorageError::Down)
+        ));
+
+        let applied = storage
+            .apply_hits("batch-1", &[("abc".to_owned(), 1)])
+            .await;
+        assert!(applied.expect("the batch lands"));
+        assert!(storage.is_healthy());
+        assert!(storage.find_link("abc").await.expect("read").is_none());
     }
 
     #[test]

@@ -252,11 +252,19 @@ pub const STEPS: [&str; 7] = [
     "timeout",
 ];
 
-/// Every step but `name` ([`STEPS`]).
+/// The name `LOAD_WITHOUT` takes for every step at once: what is left is
+/// the stack's own service and future, axum's route level for its layer,
+/// and the lifecycle.
+pub const EVERY_STEP: &str = "every-step";
+
+/// Every step but `name` ([`STEPS`]), or none for [`EVERY_STEP`].
 ///
 /// # Errors
-/// If `name` is not a step.
+/// If `name` is neither.
 pub fn steps_without(name: &str) -> anyhow::Result<Steps> {
+    if name == EVERY_STEP {
+        return Ok(Steps::NONE);
+    }
     let mut steps = Steps::ALL;
     let step = match name {
         "request-id" => &mut steps.request_id,
@@ -266,7 +274,10 @@ pub fn steps_without(name: &str) -> anyhow::Result<Steps> {
         "json-errors" => &mut steps.json_errors,
         "catch-panic" => &mut steps.catch_panic,
         "timeout" => &mut steps.timeout,
-        other => anyhow::bail!("no step {other:?}; the steps: {}", STEPS.join(", ")),
+        other => anyhow::bail!(
+            "no step {other:?}; the steps: {}, or {EVERY_STEP}",
+            STEPS.join(", ")
+        ),
     };
     *step = false;
     Ok(steps)
@@ -541,6 +552,31 @@ mod tests {
 
     fn args(line: &str) -> Vec<String> {
         line.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn a_step_is_switched_off_alone_and_every_step_at_once() {
+        // In the order of `STEPS`.
+        let on = |steps: Steps| {
+            [
+                steps.request_id,
+                steps.span,
+                steps.metrics,
+                steps.host_check,
+                steps.json_errors,
+                steps.catch_panic,
+                steps.timeout,
+            ]
+        };
+        for (index, name) in STEPS.iter().enumerate() {
+            let steps = on(steps_without(name).expect("a step"));
+            let off: Vec<usize> = (0..steps.len()).filter(|&i| !steps[i]).collect();
+            assert_eq!(off, [index], "{name}");
+        }
+        let every = steps_without(EVERY_STEP).expect("every step");
+        assert_eq!(every, Steps::NONE);
+        assert_eq!(on(every), [false; 7]);
+        assert!(steps_without("tracing").is_err());
     }
 
     #[test]

@@ -1061,9 +1061,11 @@ impl Bench<'_> {
                 &redirect,
             ),
         ];
-        // Then lameduck without each step of its middleware, in turn.
+        // Then lameduck without each step of its middleware, in turn, and
+        // without every step at once.
         let without: Vec<(String, &str)> = crate::baseline::STEPS
             .iter()
+            .chain([&crate::baseline::EVERY_STEP])
             .map(|step| (format!("{LAMEDUCK} without {step}"), *step))
             .collect();
         let cases = cases
@@ -1816,21 +1818,48 @@ fn steps_table(
         "what the step costs".to_owned(),
         format!("share of lameduck − minimal axum app ({above:.0})"),
     ];
-    let rows: Vec<Vec<String>> = steps
+    let step_of = |s: &InstructionSeries| {
+        let step = s.server.rsplit(" without ").next().unwrap_or(&s.server);
+        step.to_owned()
+    };
+    let label = |step: String| {
+        if step == crate::baseline::EVERY_STEP {
+            "all seven at once".to_owned()
+        } else {
+            step
+        }
+    };
+    let mut rows: Vec<Vec<String>> = steps
         .iter()
         .map(|s| {
             let cost = lameduck.per_request - s.per_request;
-            let step = s.server.rsplit(" without ").next().unwrap_or(&s.server);
             vec![
-                step.to_owned(),
+                label(step_of(s)),
                 format!("{:.0}", s.per_request),
                 format!("{cost:.0}"),
                 format!("{:.0} %", 100.0 * cost / above),
             ]
         })
         .collect();
+    let every = steps
+        .iter()
+        .find(|s| step_of(s) == crate::baseline::EVERY_STEP);
+    let rest = every.map(|every| every.per_request - minimal.per_request);
+    if let Some(rest) = rest {
+        rows.push(vec![
+            "what is left, above the minimal axum app".to_owned(),
+            "–".to_owned(),
+            format!("{rest:.0}"),
+            format!("{:.0} %", 100.0 * rest / above),
+        ]);
+    }
+    let rest = rest.map_or_else(String::new, |rest| {
+        format!(
+            " With every step off, lameduck still runs {rest:.0} instructions a request more than the minimal axum app: the stack's own service and future, axum's route level for its layer, and the lifecycle's request scope, connection state and deadlines."
+        )
+    });
     format!(
-        "What each step of the middleware costs, switched off one at a time (`lameduck-without`, a build for the bench only):\n\n{}\n",
+        "What each step of the middleware costs, switched off one at a time, and all at once (`lameduck-without`, a build for the bench only).{rest}\n\n{}\n",
         report::table(&header, &rows)
     )
 }

@@ -80,6 +80,18 @@ impl Steps {
         catch_panic: true,
         timeout: true,
     };
+
+    /// No step: the stack's service and future alone, for the bench's
+    /// price of what is left when every step is off.
+    pub const NONE: Steps = Steps {
+        request_id: false,
+        span: false,
+        metrics: false,
+        host_check: false,
+        json_errors: false,
+        catch_panic: false,
+        timeout: false,
+    };
 }
 
 static STEPS: OnceLock<Steps> = OnceLock::new();

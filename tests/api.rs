@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
-use http_body_util::{BodyExt, Full};
+use futures_util::{stream, StreamExt};
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Bytes;
+use hyper::body::Frame;
 use hyper::header::{HeaderValue, CONTENT_LENGTH, HOST, LOCATION};
 use hyper::service::Service as _;
 use hyper::{Request, StatusCode, Version};
@@ -47,6 +49,10 @@ struct Answer {
 
 impl TestApp {
     async fn new() -> TestApp {
+        TestApp::with_limits(LIMITS).await
+    }
+
+    async fn with_limits(limits: HttpLimits) -> TestApp {
         let data = TempDir::new().expect("tempdir");
         let shutdown = Shutdown::new();
         let mut registry = Registry::with_prefix("lameduck");
@@ -78,7 +84,7 @@ impl TestApp {
                 ""
             }),
         );
-        let router = http::with_middleware(http::operational_routes(), api, state, LIMITS);
+        let router = http::with_middleware(http::operational_routes(), api, state, limits);
         TestApp {
             service: Scoped::new(router, shutdown.watch().clone()),
             _data: data,
@@ -183,6 +189,57 @@ async fn creating_redirecting_and_reading_a_link() {
     assert_eq!(info.status, StatusCode::OK);
     assert_eq!(info.body["hits"], 3, "pending hits are included");
     assert_eq!(info.body["created_at"], created.body["created_at"]);
+}
+
+// Gap: with `--request-timeout` shorter than `--body-read-timeout`, a
+// client that stalled in its body got 503 at the request timeout, which
+// blames the server. A stall in the client's own body is the client's: 408,
+// whichever timer fires first, and the same when both fire at once.
+#[tokio::test]
+async fn a_stalled_body_gets_408_whichever_timeout_fires_first() {
+    let second = Duration::from_secs(1);
+    for (request_timeout, body_read_timeout) in
+        [(second, 5 * second), (5 * second, second), (second, second)]
+    {
+        let app = TestApp::with_limits(HttpLimits {
+            request_timeout,
+            body_read_timeout,
+            ..LIMITS
+        })
+        .await;
+        tokio::time::pause();
+        let first_half =
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(br#"{"url":"#)));
+        let stalled = StreamBody::new(stream::iter([first_half]).chain(stream::pending()));
+        let request = Request::post("/api/links")
+            .header("content-type", "application/json")
+            .header(CONTENT_LENGTH, "40")
+            .body(stalled)
+            .expect("request");
+        let started = tokio::time::Instant::now();
+        let answer = app.send(request).await;
+        let waited = started.elapsed();
+        tokio::time::resume();
+        let context =
+            format!("request timeout {request_timeout:?}, body read timeout {body_read_timeout:?}");
+        assert_eq!(
+            answer.status,
+            StatusCode::REQUEST_TIMEOUT,
+            "{context}: {answer:?}"
+        );
+        assert_json_error(
+            &answer,
+            StatusCode::REQUEST_TIMEOUT,
+            "not received within 1s",
+        );
+        assert_eq!(answer.headers["connection"], "close", "{context}");
+        // Paused time: the clock moved to the earlier deadline (rounded up
+        // to the timer's millisecond), never to the later one.
+        assert!(
+            waited >= second && waited < 2 * second,
+            "{context}: answered after {waited:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -23,6 +23,15 @@ use hyper::body::Body as _;
 
 use crate::error::ApiError;
 
+/// When the request timeout fires, set by the stack on a request that has
+/// a body: the body is read within it too, so a body still arriving then
+/// gets 408 — a stall in the client's own body is the client's, whichever
+/// timeout fires first — and not the stack's 503, which blames the server.
+/// Both timers share the instant: the stack polls the route before its own
+/// timer, so the 408 wins.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestDeadline(pub tokio::time::Instant);
+
 /// How request bodies are read before the concurrency limit.
 #[derive(Clone, Copy, Debug)]
 pub struct BodyReading {
@@ -33,9 +42,10 @@ pub struct BodyReading {
     pub timeout: Duration,
 }
 
-/// Reads the request body in full, within [`BodyReading::timeout`] and up
-/// to [`BodyReading::max_bytes`], and gives the request back with the body
-/// in memory.
+/// Reads the request body in full, within [`BodyReading::timeout`] (and the
+/// request's [`RequestDeadline`], if sooner) and up to
+/// [`BodyReading::max_bytes`], and gives the request back with the body in
+/// memory.
 ///
 /// Answers 408 (JSON body, `Connection: close`) when the body does not
 /// arrive in time, 413 when it is larger than the limit, and 400 when the
@@ -45,9 +55,14 @@ pub async fn read_first(request: Request, reading: BodyReading) -> Result<Reques
         // No body (a redirect, a read): nothing to wait for.
         return Ok(request);
     }
+    let started = tokio::time::Instant::now();
+    let mut deadline = started + reading.timeout;
+    if let Some(RequestDeadline(request_deadline)) = request.extensions().get() {
+        deadline = deadline.min(*request_deadline);
+    }
     let (parts, body) = request.into_parts();
     let limited = Limited::new(body, reading.max_bytes);
-    match tokio::time::timeout(reading.timeout, limited.collect()).await {
+    match tokio::time::timeout_at(deadline, limited.collect()).await {
         Ok(Ok(collected)) => Ok(Request::from_parts(parts, Body::from(collected.to_bytes()))),
         Ok(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => {
             Err(ApiError::Rejected {
@@ -68,7 +83,7 @@ pub async fn read_first(request: Request, reading: BodyReading) -> Result<Reques
                 status: StatusCode::REQUEST_TIMEOUT,
                 message: format!(
                     "request body not received within {}",
-                    humantime::format_duration(reading.timeout)
+                    humantime::format_duration(round_to_millis(deadline - started))
                 ),
             }
             .into_response();
@@ -80,4 +95,11 @@ pub async fn read_first(request: Request, reading: BodyReading) -> Result<Reques
             Err(response)
         }
     }
+}
+
+/// To the nearest millisecond: the request deadline was set a few
+/// microseconds before the read began.
+fn round_to_millis(duration: Duration) -> Duration {
+    let millis = (duration.as_micros() + 500) / 1000;
+    Duration::from_millis(u64::try_from(millis).unwrap_or(u64::MAX))
 }

@@ -21,7 +21,9 @@
 //! 4. the Host check (400);
 //! 5. JSON error bodies: an error answer that is not JSON gets one;
 //! 6. a panicking handler answers 500;
-//! 7. the request timeout answers 503 and fires the request's token.
+//! 7. the request timeout answers 503 and fires the request's token — unless
+//!    the request's body is still arriving: that stall is the client's, and
+//!    admission answers it 408 at the same deadline ([`RequestDeadline`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -40,6 +42,7 @@ use hyper::body::Body as _;
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
+use super::body::RequestDeadline;
 use super::metrics::{HttpMetrics, RouteMetrics};
 use super::middleware::{self, GuardMetrics};
 use crate::error::ApiError;
@@ -196,6 +199,14 @@ where
         // Tokio's clock: the timeout's deadline is counted from it (and
         // paused time in tests moves it).
         let started = tokio::time::Instant::now();
+        if steps.timeout && !request.body().is_end_stream() {
+            // A body still arriving when the timeout fires is the client's
+            // stall, not the server's: admission reads it within this
+            // deadline too, and answers 408 first.
+            request
+                .extensions_mut()
+                .insert(RequestDeadline(started + self.shared.request_timeout));
+        }
         let request_id = steps.request_id.then(|| request_id(&mut request));
         let route = request.extensions().get::<MatchedPath>().cloned();
         let span = if steps.span {

@@ -11,7 +11,9 @@ use prometheus_client::registry::Registry;
 
 use crate::config::ServerConfig;
 use crate::http::lifecycle_metrics::LifecycleCollector;
-use crate::http::{self, AppState, GuardMetrics, HttpMetrics, Startup, StateParts};
+use crate::http::{
+    self, AppState, GuardMetrics, HttpMetrics, ReadinessPolicy, Startup, StateParts,
+};
 use crate::lifecycle::handoff::{Inherited, Listeners};
 use crate::lifecycle::{
     self, DrainReport, Lifecycle, StopReport, ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE, LOG_TARGET,
@@ -24,9 +26,6 @@ use crate::listen::{self, ListenAddr, PublicListener, Socket};
 use crate::storage::{self, Storage, StorageError, StorageMetrics};
 use crate::tls::reload::{run_reloader, RELOAD_POLL_INTERVAL};
 use crate::tls::{self as tls, CertStore, TlsAcceptor, TlsError, TlsMetrics};
-
-/// How often the database health probe runs.
-pub const HEALTH_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long the hit flusher may take to stop after its token fires.
 pub const FLUSHER_STOP_BUDGET: Duration = Duration::from_secs(1);
@@ -179,6 +178,9 @@ impl App {
             storage_metrics,
         )
         .await?;
+        storage
+            .health()
+            .register(registry.sub_registry_with_prefix("db"));
         // Before readiness: the database must hold every hit from before.
         // Spills of earlier versions sit in the data directory itself.
         let spill_dir = config.spill_dir();
@@ -259,7 +261,7 @@ impl App {
         });
         workers.spawn_background("database health probe", {
             let storage = storage.clone();
-            move |token| storage::run_health_probe(storage, HEALTH_PROBE_INTERVAL, token)
+            move |token| storage::run_health_probe(storage, token)
         });
         workers.spawn_background("spill replayer", {
             let (storage, spill_dir) = (storage.clone(), spill_dir.clone());
@@ -289,6 +291,9 @@ impl App {
         let state = AppState::new(StateParts {
             shutdown: lifecycle.watch().clone(),
             startup: startup.clone(),
+            readiness: ReadinessPolicy {
+                follows_database: config.readiness_follows_database,
+            },
             registry: Arc::new(registry),
             http_metrics,
             guard_metrics,

@@ -187,6 +187,16 @@ pub struct ServerConfig {
     /// Largest number of pooled database connections.
     #[arg(long, env = "LAMEDUCK_DATABASE_MAX_CONNECTIONS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub database_max_connections: u32,
+
+    /// Make `/readyz` answer 503 while the database is down (its circuit
+    /// breaker open), as many services do and this one advises against:
+    /// every replica shares the database, so when it is down for one it is
+    /// down for all, and a balancer that follows readiness is left with no
+    /// replica at all, not even for what they serve without it (cached
+    /// redirects, counted and kept). Off by default; the README's "When the
+    /// database misbehaves" measures both.
+    #[arg(long, env = "LAMEDUCK_READINESS_FOLLOWS_DATABASE")]
+    pub readiness_follows_database: bool,
 }
 
 impl ServerConfig {

@@ -3,7 +3,8 @@
 //! nothing about the internals.
 
 use axum::extract::rejection::JsonRejection;
-use axum::http::StatusCode;
+use axum::http::header::RETRY_AFTER;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -30,9 +31,18 @@ pub enum ApiError {
     /// 499 in nginx's convention, never seen by the client).
     #[error("request cancelled")]
     Cancelled,
-    /// A dependency is unavailable; retry later (503).
+    /// The server gave up on the request (503): its timeout passed.
     #[error("{0}")]
     Unavailable(String),
+    /// The server cannot take the request now but expects to soon (503 with
+    /// `Retry-After`): it is at capacity, or a dependency is busy or down.
+    #[error("{message}")]
+    RetryLater {
+        /// What is wrong, for the client.
+        message: String,
+        /// Seconds the client should wait before retrying.
+        retry_after_secs: u32,
+    },
     /// The request announces a body (Content-Length) larger than the limit
     /// (413), refused before any of it is read.
     #[error("request body of {announced} bytes is larger than the limit of {limit} bytes")]
@@ -68,7 +78,9 @@ impl ApiError {
             ApiError::Cancelled => {
                 StatusCode::from_u16(499).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
             }
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::RetryLater { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Rejected { status, .. } => *status,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -82,7 +94,17 @@ impl IntoResponse for ApiError {
         if let ApiError::Internal(cause) = &self {
             tracing::error!(error = %cause, "internal error");
         }
-        (status, Json(json!({ "error": self.to_string() }))).into_response()
+        let retry_after = match &self {
+            ApiError::RetryLater {
+                retry_after_secs, ..
+            } => Some(HeaderValue::from(*retry_after_secs)),
+            _ => None,
+        };
+        let mut response = (status, Json(json!({ "error": self.to_string() }))).into_response();
+        if let Some(seconds) = retry_after {
+            response.headers_mut().insert(RETRY_AFTER, seconds);
+        }
+        response
     }
 }
 

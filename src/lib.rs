@@ -29,11 +29,14 @@
 //! - [`http`]: router, health, readiness, metrics.
 //! - [`error`]: the JSON error every handler answers with.
 //! - [`links`]: the example domain, a link shortener (replace it).
-//! - [`storage`]: the example's database (SQLite or PostgreSQL).
+//! - [`storage`]: the example's database (SQLite or PostgreSQL), and what
+//!   the service knows of its health.
+//! - [`breaker`]: a circuit breaker, for any dependency.
 //! - [`exit`]: outcomes as exit codes. [`telemetry`]: logging.
 //!   [`healthcheck`]: the container health probe.
 
 pub mod app;
+pub mod breaker;
 pub mod config;
 pub mod error;
 pub mod exit;

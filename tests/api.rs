@@ -14,7 +14,9 @@ use hyper::body::Frame;
 use hyper::header::{HeaderValue, CONTENT_LENGTH, HOST, LOCATION};
 use hyper::service::Service as _;
 use hyper::{Request, StatusCode, Version};
-use lameduck::http::{self, AppState, GuardMetrics, HttpLimits, HttpMetrics, Startup, StateParts};
+use lameduck::http::{
+    self, AppState, GuardMetrics, HttpLimits, HttpMetrics, ReadinessPolicy, Startup, StateParts,
+};
 use lameduck::lifecycle::{Scoped, Shutdown};
 use lameduck::links::cache::LinkCache;
 use lameduck::links::hits::HitCounter;
@@ -68,6 +70,7 @@ impl TestApp {
         let state = AppState::new(StateParts {
             shutdown: shutdown.watch().clone(),
             startup,
+            readiness: ReadinessPolicy::default(),
             registry: Arc::new(registry),
             http_metrics,
             guard_metrics,

@@ -29,17 +29,17 @@ use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use nix::sys::signal::Signal;
-use sqlx::postgres::PgConnection;
 use sqlx::sqlite::SqliteConnection;
-use sqlx::{Connection, Executor};
+use sqlx::Connection;
 use tempfile::TempDir;
 use tokio::runtime::Runtime;
 
 use support::binary::{
-    connect, finish_slow_post_of, get, read_response, start_slow_post_of, uninterrupted,
-    wait_for_eof, LameduckProcess, RawResponse,
+    assert_json_error, connect, finish_slow_post_of, fresh_get, get, link_body, metric, metrics,
+    post_json, post_links, read_response, start_slow_post_of, uninterrupted, wait_database,
+    wait_for_eof, wait_metric, LameduckProcess, RawResponse, INTERNALS,
 };
-use support::postgres::PgCluster;
+use support::postgres::{PgCluster, Sql};
 
 /// Generous bound on anything that should take milliseconds; reaching it is
 /// a failure.
@@ -50,16 +50,6 @@ const FEW_SECONDS: Duration = Duration::from_secs(5);
 /// "Quickly": the bound on an answer that must not wait for anything (a
 /// shed request, a request failing fast while the database is down).
 const QUICKLY: Duration = Duration::from_secs(2);
-/// Words that would betray internals in an error body.
-const INTERNALS: [&str; 6] = [
-    "sqlx",
-    "panicked",
-    "src/",
-    ".rs:",
-    "backtrace",
-    "postgres://",
-];
-
 // === a server with its data directory ===
 
 /// A server on SQLite in a data directory the test can open, to count what
@@ -134,42 +124,7 @@ fn sqlite_rows(data_dir: &Path) -> (i64, i64) {
     })
 }
 
-/// A blocking PostgreSQL session of the test's own (not the service's: its
-/// `application_name` is not `lameduck`).
-struct Sql {
-    runtime: Runtime,
-    conn: PgConnection,
-}
-
-impl Sql {
-    fn connect(url: &str) -> Sql {
-        let runtime = runtime();
-        let conn = runtime
-            .block_on(PgConnection::connect(url))
-            .expect("connect to PostgreSQL");
-        Sql { runtime, conn }
-    }
-
-    fn execute(&mut self, sql: &str) {
-        self.runtime
-            .block_on(self.conn.execute(sql))
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    }
-
-    fn count(&mut self, sql: &str) -> i64 {
-        self.runtime
-            .block_on(sqlx::query_scalar(sql).fetch_one(&mut self.conn))
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
-    }
-}
-
 // === raw HTTP helpers ===
-
-/// `GET path` on a new connection.
-fn fresh_get(addr: SocketAddr, path: &str) -> RawResponse {
-    let mut stream = connect(addr);
-    get(&mut stream, path).unwrap_or_else(|e| panic!("GET {path}: {e}"))
-}
 
 /// `GET path` with extra header lines on a new connection.
 fn get_with(addr: SocketAddr, path: &str, headers: &str) -> RawResponse {
@@ -180,54 +135,6 @@ fn get_with(addr: SocketAddr, path: &str, headers: &str) -> RawResponse {
     )
     .expect("send");
     read_response(&mut stream).unwrap_or_else(|e| panic!("GET {path}: {e}"))
-}
-
-/// `POST /api/links` with `body` and, if given, a `Content-Type`, on a new
-/// connection.
-fn post_links(addr: SocketAddr, body: &[u8], content_type: Option<&str>) -> RawResponse {
-    let mut stream = connect(addr);
-    let mut head = format!(
-        "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if let Some(content_type) = content_type {
-        head.push_str(&format!("Content-Type: {content_type}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).expect("send the head");
-    stream.write_all(body).expect("send the body");
-    read_response(&mut stream).unwrap_or_else(|e| panic!("POST /api/links: {e}"))
-}
-
-fn post_json(addr: SocketAddr, body: &str) -> RawResponse {
-    post_links(addr, body.as_bytes(), Some("application/json"))
-}
-
-/// The body of a link with a custom `code`.
-fn link_body(code: &str) -> String {
-    format!(r#"{{"url":"https://example.com/{code}","code":"{code}"}}"#)
-}
-
-/// Asserts an error answer: `status`, a JSON body `{"error": "..."}` with a
-/// message, and nothing of the internals. Returns the message.
-fn assert_json_error(response: &RawResponse, status: u16, case: &str) -> String {
-    let body = String::from_utf8_lossy(&response.body);
-    assert_eq!(response.status, status, "{case}: {response:?} {body}");
-    let content_type = response.header("content-type").unwrap_or_default();
-    assert!(
-        content_type.starts_with("application/json"),
-        "{case}: content-type {content_type:?}, body {body}"
-    );
-    let json = response.json();
-    let message = json["error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{case}: no \"error\" string in {json}"));
-    assert!(!message.trim().is_empty(), "{case}: empty error message");
-    let lower = body.to_lowercase();
-    for word in INTERNALS {
-        assert!(!lower.contains(word), "{case}: {word:?} in the body {body}");
-    }
-    message.to_owned()
 }
 
 /// How the server ended a connection.
@@ -317,58 +224,12 @@ fn silent_for(stream: &TcpStream, within: Duration) -> bool {
 
 // === metrics ===
 
-fn metrics(addr: SocketAddr) -> String {
-    let response = fresh_get(addr, "/metrics");
-    assert_eq!(response.status, 200, "{response:?}");
-    String::from_utf8_lossy(&response.body).into_owned()
-}
-
-/// The value of the unlabelled series `name` in a `/metrics` text.
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-}
-
-/// Waits until the series `name` satisfies `wanted`; returns its value.
-fn wait_metric(addr: SocketAddr, name: &str, wanted: impl Fn(f64) -> bool) -> f64 {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let text = metrics(addr);
-        if let Some(value) = metric(&text, name).filter(|value| wanted(*value)) {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} never reached the expected value; last /metrics:\n{text}"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Waits until `n` requests are in flight, asking the admin listener at
 /// `admin` (whose own requests are not counted).
 fn wait_in_flight(admin: SocketAddr, n: i64) {
     wait_metric(admin, "lameduck_requests_in_flight", |value| {
         value >= n as f64
     });
-}
-
-/// Waits until `path` answers `status`; returns how long that took.
-fn wait_status(addr: SocketAddr, path: &str, status: u16, within: Duration) -> Duration {
-    let started = Instant::now();
-    loop {
-        let response = fresh_get(addr, path);
-        if response.status == status {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < within,
-            "{path} did not answer {status} within {within:?}; last: {response:?} {}",
-            String::from_utf8_lossy(&response.body)
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
 }
 
 // === HTTP/2 frames ===
@@ -1481,77 +1342,6 @@ fn a_client_that_stops_reading_is_cut_off_at_the_send_timeout() {
     server.assert_serving("a client that stopped reading");
 }
 
-// === the database goes away ===
-
-// Gap: a database outage must be a state, not a failure: readiness turns
-// false within a few seconds, requests that need the database fail fast
-// with 503 and a JSON error instead of waiting for a connection, redirects
-// of cached links keep working and counting, and once the database is back
-// readiness returns and every hit counted during the outage is stored.
-#[test]
-fn when_the_database_goes_away_requests_fail_fast_readiness_drops_and_hits_are_not_lost() {
-    const OUTAGE_REDIRECTS: i64 = 20;
-    let cluster = PgCluster::start();
-    let url = cluster.url();
-    let mut server = LameduckProcess::start(&["--database-url", &url], &[]);
-    let addr = server.addr();
-    let response = post_json(addr, &link_body("outage"));
-    assert_eq!(response.status, 201, "{response:?}");
-    let mut redirects = 0;
-    let response = fresh_get(addr, "/outage");
-    assert_eq!(response.status, 307, "{response:?}");
-    redirects += 1;
-
-    cluster.stop();
-    wait_status(addr, "/readyz", 503, FEW_SECONDS);
-    let started = Instant::now();
-    let response = post_json(addr, &link_body("during-outage"));
-    assert!(
-        started.elapsed() < QUICKLY,
-        "POST took {:?}",
-        started.elapsed()
-    );
-    assert_json_error(&response, 503, "POST during the outage");
-    let started = Instant::now();
-    let response = fresh_get(addr, "/api/links/outage");
-    assert!(
-        started.elapsed() < QUICKLY,
-        "GET took {:?}",
-        started.elapsed()
-    );
-    assert_json_error(&response, 503, "GET during the outage");
-    for _ in 0..OUTAGE_REDIRECTS {
-        let response = fresh_get(addr, "/outage");
-        assert_eq!(response.status, 307, "a cached redirect: {response:?}");
-        assert_eq!(
-            response.header("location"),
-            Some("https://example.com/outage")
-        );
-        redirects += 1;
-    }
-    assert_eq!(fresh_get(addr, "/healthz").status, 200, "liveness");
-
-    cluster.start_again();
-    wait_status(addr, "/readyz", 200, FEW_SECONDS);
-    let response = fresh_get(addr, "/api/links/outage");
-    assert_eq!(response.status, 200, "{response:?}");
-    assert_eq!(response.json()["hits"], redirects, "{:?}", response.json());
-    assert_json_error(
-        &fresh_get(addr, "/api/links/during-outage"),
-        404,
-        "the refused link",
-    );
-
-    server.signal(Signal::SIGTERM);
-    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
-    let mut sql = Sql::connect(&url);
-    assert_eq!(
-        sql.count("SELECT CAST(COALESCE(SUM(hits), 0) AS BIGINT) FROM links"),
-        redirects
-    );
-    assert_eq!(sql.count("SELECT count(*) FROM links"), 1);
-}
-
 // === bad input ===
 
 // Gap: bytes that are not HTTP at all (binary junk, a TLS handshake, a
@@ -1954,7 +1744,7 @@ fn the_database_password_never_appears_in_logs_errors_or_metrics() {
     keep(post_links(addr, b"{", Some("application/json")));
 
     cluster.stop();
-    wait_status(addr, "/readyz", 503, FEW_SECONDS);
+    wait_database(admin, "down");
     keep(fresh_get(addr, "/readyz"));
     keep(post_json(addr, &link_body("down")));
     keep(fresh_get(addr, "/api/links/secret"));
@@ -1963,7 +1753,7 @@ fn the_database_password_never_appears_in_logs_errors_or_metrics() {
     keep(fresh_get(addr, "/secret"));
     keep(fresh_get(admin, "/metrics"));
     cluster.start_again();
-    wait_status(addr, "/readyz", 200, FEW_SECONDS);
+    wait_database(admin, "up");
     keep(fresh_get(addr, "/api/links/secret"));
     keep(fresh_get(admin, "/metrics"));
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::body::HttpBody as _;
 use axum::extract::Request;
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use axum::http::{HeaderValue, Response, StatusCode, Version};
 use axum::response::IntoResponse;
 use prometheus_client::metrics::counter::Counter;
@@ -151,12 +151,11 @@ pub fn announced_body_size(request: &Request) -> u64 {
 /// a hint to retry.
 pub fn shed(metrics: &GuardMetrics) -> Response<Body> {
     metrics.shed.inc();
-    let mut response =
-        ApiError::Unavailable("server is at capacity; retry shortly".to_owned()).into_response();
-    response
-        .headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-    response
+    ApiError::RetryLater {
+        message: "server is at capacity; retry shortly".to_owned(),
+        retry_after_secs: 1,
+    }
+    .into_response()
 }
 
 /// The answer to a panicking handler: 500 with a JSON body that says

@@ -37,7 +37,7 @@ use crate::links;
 use crate::links::cache::LinkCache;
 use crate::links::hits::HitCounter;
 use crate::links::live::LiveHits;
-use crate::storage::Storage;
+use crate::storage::{DatabaseState, Storage};
 
 /// Whether startup has finished its work (migrations, recovery); `/readyz`
 /// stays 503 until it has.
@@ -54,6 +54,15 @@ impl Startup {
     pub fn is_complete(&self) -> bool {
         self.0.load(Ordering::Acquire)
     }
+}
+
+/// What readiness depends on besides the process's own timeline.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReadinessPolicy {
+    /// `/readyz` answers 503 while the database is down
+    /// (`--readiness-follows-database`; off by default: see
+    /// [`crate::storage::health`] for why).
+    pub follows_database: bool,
 }
 
 /// Everything the handlers share, behind one `Arc`: a request clones one
@@ -90,6 +99,7 @@ macro_rules! parts_of_the_state {
 parts_of_the_state!(
     shutdown: Watch,
     startup: Startup,
+    readiness: ReadinessPolicy,
     registry: Arc<Registry>,
     http_metrics: HttpMetrics,
     guard_metrics: GuardMetrics,
@@ -107,6 +117,8 @@ pub struct StateParts {
     pub shutdown: Watch,
     /// Whether startup has finished.
     pub startup: Startup,
+    /// What else readiness follows (nothing, by default).
+    pub readiness: ReadinessPolicy,
     /// Every metric, for `/metrics`.
     pub registry: Arc<Registry>,
     /// Request counts and latencies.
@@ -206,40 +218,57 @@ pub fn with_middleware(
         .with_state(state)
 }
 
-/// Liveness: 200 for as long as the process runs, draining included.
-async fn healthz() -> impl IntoResponse {
-    // The same body every time: written once, not serialized per probe.
+/// Liveness: 200 for as long as the process runs, draining included, with
+/// the database's state (`up`, `busy`, `down`) beside it: a report, not a
+/// verdict.
+async fn healthz(State(storage): State<Storage>) -> impl IntoResponse {
+    // One fixed body per state: written once, not serialized per probe.
+    let body = match storage.state() {
+        DatabaseState::Up => r#"{"status":"ok","database":"up"}"#,
+        DatabaseState::Busy => r#"{"status":"ok","database":"busy"}"#,
+        DatabaseState::Down => r#"{"status":"ok","database":"down"}"#,
+    };
     (
         [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
-        r#"{"status":"ok"}"#,
+        body,
     )
 }
 
-/// Readiness: 200 once startup is complete, 503 from the instant shutdown
-/// starts, so load balancers stop sending new work.
+/// Readiness — should this replica get new traffic? — is about this
+/// process only: 200 once startup is complete, 503 from the instant
+/// shutdown starts, so load balancers stop sending new work. The
+/// database's state is reported beside it and does not decide it (unless
+/// [`ReadinessPolicy::follows_database`]): a database that is down is down
+/// for every replica, and withdrawing them all would leave the balancer
+/// nothing, not even what the replicas serve without it.
 async fn readyz(
     State(shutdown): State<Watch>,
     State(startup): State<Startup>,
+    State(policy): State<ReadinessPolicy>,
     State(storage): State<Storage>,
 ) -> impl IntoResponse {
-    if shutdown.is_triggered() {
+    let database = storage.state();
+    let (status, body) = if shutdown.is_triggered() {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({ "status": "shutting down", "phase": shutdown.phase().as_str() })),
+            json!({ "status": "shutting down", "phase": shutdown.phase().as_str() }),
         )
     } else if !startup.is_complete() {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({ "status": "starting" })),
+            json!({ "status": "starting" }),
         )
-    } else if !storage.is_healthy() {
+    } else if policy.follows_database && database == DatabaseState::Down {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({ "status": "database unavailable" })),
+            json!({ "status": "database unavailable" }),
         )
     } else {
-        (StatusCode::OK, Json(json!({ "status": "ready" })))
-    }
+        (StatusCode::OK, json!({ "status": "ready" }))
+    };
+    let mut body = body;
+    body["database"] = database.as_str().into();
+    (status, Json(body))
 }
 
 async fn not_found() -> ApiError {

@@ -3,6 +3,7 @@
 
 use super::validate;
 use crate::error::ApiError;
+use crate::storage::health::RETRY_AFTER_SECS;
 use crate::storage::StorageError;
 
 impl From<StorageError> for ApiError {
@@ -10,8 +11,15 @@ impl From<StorageError> for ApiError {
         match error {
             StorageError::Conflict => ApiError::Conflict("code is already taken".to_owned()),
             StorageError::Cancelled => ApiError::Cancelled,
-            StorageError::Unavailable(_) | StorageError::Down => {
-                ApiError::Unavailable("the database is unavailable; retry later".to_owned())
+            StorageError::Busy => ApiError::RetryLater {
+                message: "the service is busy; retry later".to_owned(),
+                retry_after_secs: RETRY_AFTER_SECS,
+            },
+            StorageError::Unavailable(_) | StorageError::Down | StorageError::Closed => {
+                ApiError::RetryLater {
+                    message: "the database is unavailable; retry later".to_owned(),
+                    retry_after_secs: RETRY_AFTER_SECS,
+                }
             }
             other => ApiError::Internal(Box::new(other)),
         }

@@ -38,7 +38,10 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use sqlx::postgres::PgConnection;
+use sqlx::{Connection, Executor};
 use tempfile::TempDir;
+use tokio::runtime::Runtime;
 
 /// The role that [`PgCluster::url`] logs in as.
 const ROLE: &str = "lameduck";
@@ -559,4 +562,39 @@ fn free_port() -> u16 {
 fn random_password() -> String {
     let hasher = RandomState::new();
     format!("{:016x}{:016x}", hasher.hash_one(1u8), hasher.hash_one(2u8))
+}
+
+/// A blocking PostgreSQL session of the test's own (not the service's: its
+/// `application_name` is not `lameduck`).
+pub struct Sql {
+    runtime: Runtime,
+    conn: PgConnection,
+}
+
+impl Sql {
+    /// Connects to `url`; panics if it cannot.
+    pub fn connect(url: &str) -> Sql {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let conn = runtime
+            .block_on(PgConnection::connect(url))
+            .expect("connect to PostgreSQL");
+        Sql { runtime, conn }
+    }
+
+    /// Runs `sql`; panics if it fails.
+    pub fn execute(&mut self, sql: &str) {
+        self.runtime
+            .block_on(self.conn.execute(sql))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// The one number `sql` selects; panics if it fails.
+    pub fn count(&mut self, sql: &str) -> i64 {
+        self.runtime
+            .block_on(sqlx::query_scalar(sql).fetch_one(&mut self.conn))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
 }

@@ -2,16 +2,23 @@
 //! or PostgreSQL (production), with portable SQL, so handlers never know
 //! which one runs.
 //!
-//! Its one lifecycle concern is cancellation: a transaction that sees its
-//! request's token fire stops at the next safe point, asks PostgreSQL to
-//! cancel a statement that is blocked inside the server, rolls back
-//! explicitly and returns its connection to the pool clean.
+//! Two lifecycle concerns live here:
+//!
+//! - **Cancellation**: a transaction that sees its request's token fire
+//!   stops at the next safe point, asks PostgreSQL to cancel a statement
+//!   that is blocked inside the server, rolls back explicitly and returns
+//!   its connection to the pool clean.
+//! - **The database misbehaving** ([`health`]): every call's error is
+//!   sorted into what it says of the database — it answered, the pool is
+//!   saturated ("busy", 503 with `Retry-After`), or it cannot be reached or
+//!   is failing (counted by a circuit breaker that, once open, makes calls
+//!   fail fast). None of it touches readiness.
+
+pub mod health;
 
 use std::future::Future;
 use std::path::Path;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -20,16 +27,16 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
 use sqlx::{AnyConnection, AnyPool, ConnectOptions, Connection, Executor, Row};
 use tokio_util::sync::CancellationToken;
 
+pub use health::{run_health_probe, DatabaseHealth, DatabaseState};
+
 /// How long startup waits for the first database connection before it
 /// gives up with a clear error.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a request waits for a pooled connection before it is answered
-/// 503: a full pool is back-pressure, not a reason to queue forever.
+/// How long a call waits for a pooled connection before it is answered
+/// 503 "busy" with `Retry-After`: a full pool is back-pressure, not a
+/// reason to queue forever, and not a sign that the database is down.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// How long the health probe waits for `SELECT 1`.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The `application_name` of the service's PostgreSQL sessions, so they can
 /// be told apart in `pg_stat_activity`.
@@ -37,6 +44,9 @@ pub const APPLICATION_NAME: &str = "lameduck";
 
 /// The `application_name` of the side connection that cancels statements.
 pub const CANCELLER_APPLICATION_NAME: &str = "lameduck-canceller";
+
+/// The `application_name` of the health prober's own connection.
+pub const PROBE_APPLICATION_NAME: &str = "lameduck-probe";
 
 /// How long applied batch ids are remembered. A spill file replayed later
 /// than this could count a batch twice; spills are replayed at the next
@@ -85,29 +95,139 @@ pub enum StorageError {
     /// The request's token fired; the work was rolled back.
     #[error("cancelled")]
     Cancelled,
-    /// The database cannot be reached right now.
+    /// No pooled connection came within [`ACQUIRE_TIMEOUT`], or the database
+    /// said it is saturated (too many connections, a locked SQLite file):
+    /// retry later. Says nothing of the database's health.
+    #[error("no database connection within the acquire timeout")]
+    Busy,
+    /// The database cannot be reached or is failing (refused, reset, I/O,
+    /// TLS, protocol errors, a server shutting down): counted by the
+    /// circuit breaker.
     #[error("database unavailable")]
     Unavailable(#[source] sqlx::Error),
-    /// The health probe says the database is down: fail fast rather than
-    /// wait for a connection that will not come.
-    #[error("database unavailable (health probe failing)")]
+    /// The circuit breaker is open: the call was not made, so that it fails
+    /// fast rather than waits for a database that will not answer.
+    #[error("database unavailable (circuit breaker open)")]
     Down,
-    /// Any other database error.
+    /// The pool is closed: the process is shutting down.
+    #[error("the database pool is closed")]
+    Closed,
+    /// Any other database error: the database answered, with an error.
     #[error("database error")]
     Query(#[source] sqlx::Error),
 }
 
+/// What a call's outcome says about the database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// It answered (with rows or with an error of the call's own).
+    Answered,
+    /// The pool or the database is saturated.
+    Busy,
+    /// It cannot be reached or is failing: counts toward "down".
+    Failing,
+    /// Nothing: the call never reached it (cancelled, refused by the
+    /// breaker, the pool closed).
+    Silent,
+}
+
+impl StorageError {
+    pub(crate) fn verdict(&self) -> Verdict {
+        match self {
+            StorageError::Conflict | StorageError::Query(_) => Verdict::Answered,
+            StorageError::Busy => Verdict::Busy,
+            StorageError::Unavailable(_) => Verdict::Failing,
+            StorageError::Cancelled
+            | StorageError::Down
+            | StorageError::Closed
+            | StorageError::UnsupportedUrl(_)
+            | StorageError::DataDir { .. }
+            | StorageError::Connect { .. }
+            | StorageError::Migrate(_) => Verdict::Silent,
+        }
+    }
+}
+
 impl From<sqlx::Error> for StorageError {
     fn from(error: sqlx::Error) -> StorageError {
-        match &error {
-            sqlx::Error::Database(db) if db.is_unique_violation() => StorageError::Conflict,
-            sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::Protocol(_) => StorageError::Unavailable(error),
+        if let sqlx::Error::Database(db) = &error {
+            if db.is_unique_violation() {
+                return StorageError::Conflict;
+            }
+        }
+        match (&error, classify(&error)) {
+            (sqlx::Error::PoolClosed, _) => StorageError::Closed,
+            (_, Verdict::Busy) => StorageError::Busy,
+            (_, Verdict::Failing) => StorageError::Unavailable(error),
             _ => StorageError::Query(error),
         }
+    }
+}
+
+/// What a driver error says about the database. Only errors that say it
+/// cannot be reached or is failing are [`Verdict::Failing`]. A pool that
+/// gave no connection in time is [`Verdict::Busy`]: sqlx's pool keeps
+/// retrying a refused connection until the acquire timeout, so a pool in
+/// front of a dead database times out too, and the health prober, on its
+/// own connection, tells the two apart.
+pub(crate) fn classify(error: &sqlx::Error) -> Verdict {
+    match error {
+        sqlx::Error::PoolTimedOut => Verdict::Busy,
+        sqlx::Error::PoolClosed => Verdict::Silent,
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => Verdict::Failing,
+        sqlx::Error::Database(db) => {
+            let code = db.code();
+            let code = code.as_deref().unwrap_or_default();
+            if db
+                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some()
+            {
+                postgres_verdict(code)
+            } else if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                code.parse::<i32>()
+                    .map_or(Verdict::Answered, sqlite_verdict)
+            } else {
+                Verdict::Answered
+            }
+        }
+        _ => Verdict::Answered,
+    }
+}
+
+/// A PostgreSQL SQLSTATE's verdict
+/// (<https://www.postgresql.org/docs/current/errcodes-appendix.html>).
+fn postgres_verdict(sqlstate: &str) -> Verdict {
+    match sqlstate {
+        // too_many_connections: the server is saturated, not down.
+        "53300" => Verdict::Busy,
+        // disk_full, out_of_memory; admin_shutdown, crash_shutdown,
+        // cannot_connect_now (starting up or shutting down).
+        "53100" | "53200" | "57P01" | "57P02" | "57P03" => Verdict::Failing,
+        // connection_exception; system_error (I/O); internal_error
+        // (corruption).
+        _ if sqlstate.starts_with("08")
+            || sqlstate.starts_with("58")
+            || sqlstate.starts_with("XX") =>
+        {
+            Verdict::Failing
+        }
+        _ => Verdict::Answered,
+    }
+}
+
+/// A SQLite result code's verdict (<https://www.sqlite.org/rescode.html>),
+/// by its primary code (the low byte of an extended one).
+fn sqlite_verdict(code: i32) -> Verdict {
+    match code & 0xff {
+        // SQLITE_BUSY, SQLITE_LOCKED: another writer holds the file.
+        5 | 6 => Verdict::Busy,
+        // SQLITE_IOERR, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_CANTOPEN,
+        // SQLITE_NOTADB.
+        10 | 11 | 13 | 14 | 26 => Verdict::Failing,
+        _ => Verdict::Answered,
     }
 }
 
@@ -176,16 +296,19 @@ pub struct StoredLink {
 }
 
 /// The pool, plus (on PostgreSQL) a one-connection side pool that cancels
-/// blocked statements even when the main pool is exhausted.
+/// blocked statements even when the main pool is exhausted, and what the
+/// service knows of the database's health.
 #[derive(Clone, Debug)]
 pub struct Storage {
     pool: AnyPool,
     backend: Backend,
     canceller: Option<AnyPool>,
     metrics: StorageMetrics,
-    /// False while the database is known to be unreachable: request paths
-    /// fail fast with 503 and readiness turns false.
-    healthy: Arc<AtomicBool>,
+    /// Up, busy or down, and the circuit breaker that makes calls fail
+    /// fast while it is down.
+    health: DatabaseHealth,
+    /// How the health prober opens its own connection, outside the pool.
+    probe_options: AnyConnectOptions,
 }
 
 // === impl Storage ===
@@ -234,15 +357,16 @@ impl Storage {
                 .map(|options| options.log_statements(tracing::log::LevelFilter::Debug))
                 .map_err(connect_error)
         };
-        let (options, canceller_options) = match backend {
+        let (options, canceller_options, probe_options) = match backend {
             Backend::Postgres => (
                 parse(&with_application_name(&url, APPLICATION_NAME))?,
                 Some(parse(&with_application_name(
                     &url,
                     CANCELLER_APPLICATION_NAME,
                 ))?),
+                parse(&with_application_name(&url, PROBE_APPLICATION_NAME))?,
             ),
-            Backend::Sqlite => (parse(&url)?, None),
+            Backend::Sqlite => (parse(&url)?, None, parse(&url)?),
         };
 
         // One direct connection first: its error says what is wrong, where
@@ -269,7 +393,8 @@ impl Storage {
             backend,
             canceller,
             metrics,
-            healthy: Arc::new(AtomicBool::new(true)),
+            health: DatabaseHealth::default(),
+            probe_options,
         };
         storage.migrate().await?;
         Ok(storage)
@@ -287,48 +412,25 @@ impl Storage {
         Ok(())
     }
 
-    /// `false` while the database is known to be unreachable.
-    pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire)
+    /// What the service knows of the database's health.
+    pub fn health(&self) -> &DatabaseHealth {
+        &self.health
     }
 
-    fn set_healthy(&self, healthy: bool) {
-        if self.healthy.swap(healthy, Ordering::AcqRel) != healthy {
-            if healthy {
-                tracing::info!("database reachable again");
-            } else {
-                tracing::warn!("database unreachable: failing fast until it answers again");
-            }
-        }
+    /// Up, busy or down: reported by `/healthz` and `/readyz`, never
+    /// deciding readiness.
+    pub fn state(&self) -> DatabaseState {
+        self.health.state()
     }
 
-    /// Notes what a database call says about the database's health.
-    fn observe<T>(&self, result: Result<T, StorageError>) -> Result<T, StorageError> {
-        match &result {
-            Err(StorageError::Unavailable(_)) => self.set_healthy(false),
-            Err(StorageError::Down) => {}
-            _ => self.set_healthy(true),
-        }
-        result
-    }
-
-    fn check_available(&self) -> Result<(), StorageError> {
-        if self.is_healthy() {
-            Ok(())
-        } else {
-            Err(StorageError::Down)
-        }
-    }
-
-    /// Asks the database for `SELECT 1` within [`PROBE_TIMEOUT`] and records
-    /// the answer; returns it.
-    pub async fn probe(&self) -> bool {
-        let answered =
-            tokio::time::timeout(PROBE_TIMEOUT, sqlx::query("SELECT 1").execute(&self.pool))
-                .await
-                .is_ok_and(|result| result.is_ok());
-        self.set_healthy(answered);
-        answered
+    /// Runs `call` if the breaker allows it ([`StorageError::Down`] at once
+    /// otherwise), and notes what its outcome says of the database.
+    async fn call<T>(
+        &self,
+        call: impl Future<Output = Result<T, StorageError>>,
+    ) -> Result<T, StorageError> {
+        self.health.admit()?;
+        self.health.observe(call.await)
     }
 
     /// Which database runs.
@@ -375,9 +477,7 @@ impl Storage {
         link: &StoredLink,
         token: &CancellationToken,
     ) -> Result<(), StorageError> {
-        self.check_available()?;
-        let result = self.insert_link_inner(link, token).await;
-        self.observe(result)
+        self.call(self.insert_link_inner(link, token)).await
     }
 
     async fn insert_link_inner(
@@ -429,9 +529,7 @@ impl Storage {
     /// # Errors
     /// The database error.
     pub async fn find_link(&self, code: &str) -> Result<Option<StoredLink>, StorageError> {
-        self.check_available()?;
-        let result = self.find_link_inner(code).await;
-        self.observe(result)
+        self.call(self.find_link_inner(code)).await
     }
 
     async fn find_link_inner(&self, code: &str) -> Result<Option<StoredLink>, StorageError> {
@@ -458,9 +556,8 @@ impl Storage {
         if batch_ids.is_empty() {
             return Ok(self.find_link(code).await?.map(|link| (link, Vec::new())));
         }
-        self.check_available()?;
-        let result = self.find_link_and_batches_inner(code, batch_ids).await;
-        self.observe(result)
+        self.call(self.find_link_and_batches_inner(code, batch_ids))
+            .await
     }
 
     async fn find_link_and_batches_inner(
@@ -506,11 +603,10 @@ impl Storage {
     /// links in code order first, whatever the order of `hits`; on SQLite
     /// the transaction holds the database's one write lock.
     ///
-    /// It is tried whether or not the database is known to be down (the
-    /// flusher and the spill replay are how hits reach it once it is back),
-    /// and what it meets is noted like any other call's: a batch that lands
-    /// marks the database reachable again at once, without waiting for the
-    /// next probe.
+    /// It is tried whether or not the circuit breaker is open (the flusher
+    /// and the spill replay are how hits reach the database once it is
+    /// back), and what it meets is noted like any other call's: a batch that
+    /// lands closes the breaker at once, without waiting for the next probe.
     ///
     /// # Errors
     /// The database error; nothing was written.
@@ -519,8 +615,8 @@ impl Storage {
         batch_id: &str,
         hits: &[(String, u64)],
     ) -> Result<bool, StorageError> {
-        let result = self.apply_hits_inner(batch_id, hits).await;
-        self.observe(result)
+        self.health
+            .observe(self.apply_hits_inner(batch_id, hits).await)
     }
 
     async fn apply_hits_inner(
@@ -648,25 +744,6 @@ impl Storage {
     }
 }
 
-/// Background worker: probes the database every `interval` so that request
-/// paths fail fast while it is down and readiness reflects it, and notices
-/// when it is back.
-///
-/// # Errors
-/// None: an unreachable database is a state, not a failure.
-pub async fn run_health_probe(
-    storage: Storage,
-    interval: Duration,
-    token: CancellationToken,
-) -> Result<(), crate::lifecycle::BoxError> {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    while token.run_until_cancelled(ticker.tick()).await.is_some() {
-        storage.probe().await;
-    }
-    Ok(())
-}
-
 /// The pool's options: connection setup, and the check that no connection
 /// ever goes back into the pool inside a transaction.
 fn pool_options(
@@ -786,16 +863,19 @@ mod tests {
         assert_eq!(counts, serde_json::json!({ "a\"b": 5, "c": i64::MAX }));
     }
 
-    // The database was marked down (a probe or a call met it unreachable);
+    // The breaker is open (probes and calls met the database unreachable);
     // the flusher's next batch lands: reads stop failing fast at once, not
     // at the next probe.
     #[tokio::test]
-    async fn a_batch_that_lands_marks_the_database_reachable() {
+    async fn a_batch_that_lands_closes_the_breaker() {
         let dir = tempfile::tempdir().expect("tempdir");
         let storage = Storage::open(None, dir.path(), 1, StorageMetrics::default())
             .await
             .expect("open SQLite");
-        storage.set_healthy(false);
+        for _ in 0..health::FAILURE_THRESHOLD {
+            storage.health.breaker().record_failure();
+        }
+        assert_eq!(storage.state(), DatabaseState::Down);
         assert!(matches!(
             storage.find_link("abc").await,
             Err(StorageError::Down)
@@ -805,7 +885,7 @@ mod tests {
             .apply_hits("batch-1", &[("abc".to_owned(), 1)])
             .await;
         assert!(applied.expect("the batch lands"));
-        assert!(storage.is_healthy());
+        assert_eq!(storage.state(), DatabaseState::Up);
         assert!(storage.find_link("abc").await.expect("read").is_none());
     }
 

@@ -165,11 +165,30 @@ impl Haproxy {
     /// # Errors
     /// If HAProxy rejects a command.
     pub async fn enable(&self, slot: usize, addr: SocketAddr) -> anyhow::Result<()> {
+        self.enable_checked_at(slot, addr, addr.port()).await
+    }
+
+    /// [`Haproxy::enable`], with the health checks sent to `check_port` on
+    /// the same host: a replica's admin listener, which is where a
+    /// Kubernetes readiness probe goes (the `admin` port of the manifests).
+    ///
+    /// # Errors
+    /// If HAProxy rejects a command.
+    pub async fn enable_checked_at(
+        &self,
+        slot: usize,
+        addr: SocketAddr,
+        check_port: u16,
+    ) -> anyhow::Result<()> {
         for backend in BACKENDS {
             self.command(&format!(
                 "set server {backend}/s{slot} addr {} port {}",
                 addr.ip(),
                 addr.port()
+            ))
+            .await?;
+            self.command(&format!(
+                "set server {backend}/s{slot} check-port {check_port}"
             ))
             .await?;
             self.command(&format!("set server {backend}/s{slot} state ready"))
@@ -259,6 +278,12 @@ impl Haproxy {
     }
 }
 
+/// The slot of the server that answered, from the `x-served-by` header the
+/// balancer adds to every response (`s3` → 3).
+pub fn served_by(value: &str) -> Option<u8> {
+    value.strip_prefix('s')?.parse().ok()
+}
+
 /// `UP`, including `UP 1/2` (up, one check failed).
 pub fn is_up(status: &str) -> bool {
     status.starts_with("UP")
@@ -286,6 +311,7 @@ fn render_config(
              \x20   option httpchk\n\
              \x20   http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host lb\n\
              \x20   http-check expect status 200\n\
+             \x20   http-response set-header x-served-by %s\n\
              \x20   server-template s 1-{slots} 127.0.0.1:9 disabled check{extra}\n"
         )
     };

@@ -14,13 +14,20 @@
 //!    throughput and p99 of a trivial route, the cost of hit counting on the
 //!    redirect path, SIGTERM-to-exit with 10,000 idle connections, and RSS
 //!    per idle connection.
-//! 3. `load soak` and `load abuse` (not in CI): many idle connections and
+//! 3. `load outage` runs R replicas on one PostgreSQL behind HAProxy, which
+//!    follows each replica's `/readyz` on its admin port, under open-loop
+//!    mixed traffic while the database is stopped, locked, restarted, and
+//!    cut off from one replica: no redirect of a served link may fail,
+//!    readiness must hold, calls that need the database must fail fast
+//!    behind an open circuit breaker, and every hit must be stored. Beside
+//!    it, the same with `--readiness-follows-database`.
+//! 4. `load soak` and `load abuse` (not in CI): many idle connections and
 //!    load past the concurrency limit; slow bodies and slowloris from the
 //!    real `slowhttptest` while a normal client keeps working, then SIGTERM.
 //!
 //! # Layout
-//! - [`rollout`], [`bench`]: the two scenarios; [`soak`], [`abuse`]: the
-//!   long runs outside CI.
+//! - [`rollout`], [`bench`], [`outage`]: the three scenarios; [`soak`],
+//!   [`abuse`]: the long runs outside CI.
 //! - [`traffic`]: open-loop mixed load over HTTP/1.1 and HTTP/2 clients;
 //!   [`fate`]: what happened to one request. [`raw`]: a minimal HTTP/1.1
 //!   client for closed-loop benchmarks and idle connections.
@@ -38,6 +45,7 @@ pub mod binaries;
 pub mod fate;
 pub mod haproxy;
 pub mod machine;
+pub mod outage;
 pub mod raw;
 pub mod replica;
 pub mod report;

@@ -4,6 +4,8 @@
 //! cargo run -p load --release -- rollout            # Scenario 1, every flavor
 //! cargo run -p load --release -- rollout --smoke    # the short correctness run
 //! cargo run -p load --release -- bench              # Scenario 2
+//! cargo run -p load --release -- outage             # Scenario 3: the database misbehaving
+//! cargo run -p load --release -- outage --smoke     # its short correctness run
 //! cargo run -p load --release -- soak               # idle connections + load past the limit (not in CI)
 //! cargo run -p load --release -- abuse              # slowhttptest slow bodies and slowloris + a normal client (not in CI)
 //! ```
@@ -15,7 +17,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use load::binaries::{self, Binaries};
 use load::machine::Machine;
-use load::{abuse, bench, rollout, soak};
+use load::{abuse, bench, outage, rollout, soak};
 
 /// The rollout harness and benchmarks of lameduck.
 #[derive(Debug, Parser)]
@@ -32,6 +34,9 @@ enum Command {
     /// Scenario 2: throughput, hit counting, TLS, shutdown latency and
     /// memory.
     Bench(bench::Options),
+    /// Scenario 3: replicas behind HAProxy while the database is stopped,
+    /// locked, restarted, and cut off from one replica.
+    Outage(outage::Options),
     /// Many idle connections and sustained load past the concurrency limit,
     /// then SIGTERM (not in CI).
     Soak(soak::Options),
@@ -47,6 +52,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Rollout(options) => run_rollout(options.resolve(), machine),
         Command::Bench(options) => bench::main(options, machine),
+        Command::Outage(options) => run_outage(options.resolve(), machine),
         Command::Soak(options) => soak::main(options, machine),
         Command::Abuse(options) => abuse::main(options, machine),
     }
@@ -80,6 +86,46 @@ fn run_rollout(options: rollout::Options, mut machine: Machine) -> ExitCode {
                 return Ok(ExitCode::FAILURE);
             }
             eprintln!("load: check passed: no failed request, no lost hit, every exit 0");
+        }
+        Ok(ExitCode::SUCCESS)
+    })();
+    result.unwrap_or_else(|error| {
+        eprintln!("load: error: {error:#}");
+        ExitCode::from(2)
+    })
+}
+
+fn run_outage(options: outage::Options, mut machine: Machine) -> ExitCode {
+    let result = (|| -> anyhow::Result<ExitCode> {
+        if !options.no_install {
+            binaries::install_test_deps(&["postgres", "haproxy"])?;
+        }
+        let binaries = match &options.bin_dir {
+            Some(dir) => {
+                machine.prebuilt(dir);
+                Binaries::in_dir(dir)?
+            }
+            None => Binaries::build()?,
+        };
+        let out = output_dir(options.out.clone(), "outage");
+        let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+        let check = options.check;
+        let report = runtime.block_on(outage::run(options, &binaries, machine, &out))?;
+        outage::summary::write(&report, &out)?;
+        println!("{}", outage::summary::summary(&report));
+        println!(
+            "Written: {}/{{outage.json,outage.svg,summary.md}} and logs/",
+            out.display()
+        );
+        if check {
+            if let Err(problems) = outage::summary::verdict(&report) {
+                eprintln!("load: check FAILED: {problems}");
+                return Ok(ExitCode::FAILURE);
+            }
+            eprintln!(
+                "load: check passed: no failed redirect, failing fast behind an open breaker, \
+                 every replica ready throughout, no lost hit"
+            );
         }
         Ok(ExitCode::SUCCESS)
     })();

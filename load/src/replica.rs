@@ -16,7 +16,7 @@ use nix::unistd::Pid;
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::raw::{self, RawConn};
@@ -79,6 +79,9 @@ pub struct Replica {
     pub name: String,
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Where its admin listener serves, once it logs it (`admin endpoints
+    /// on http://ADDR`): see [`Replica::admin_addr`].
+    admin: watch::Receiver<Option<SocketAddr>>,
     /// When it was started.
     pub started: Instant,
     child: Child,
@@ -138,7 +141,9 @@ impl Replica {
         if let Some(stderr) = child.stderr.take() {
             tokio::spawn(forward_lines(stderr, lines_tx));
         }
-        tokio::spawn(write_log(file, lines_rx, addr_tx));
+
+        let (admin_tx, admin) = watch::channel(None);
+        tokio::spawn(write_log(file, lines_rx, addr_tx, admin_tx));
 
         let addr = tokio::select! {
             addr = tokio::time::timeout(LISTEN_TIMEOUT, addr_rx) => match addr {
@@ -151,11 +156,32 @@ impl Replica {
         Ok(Replica {
             name: name.to_owned(),
             addr,
+            admin,
             started,
             child,
             pid,
             log: log.to_owned(),
         })
+    }
+
+    /// Where its admin listener serves `/healthz`, `/readyz` and
+    /// `/metrics`, waiting up to [`LISTEN_TIMEOUT`] for its `admin endpoints
+    /// on http://ADDR` line (the public and admin listeners start side by
+    /// side and log in either order).
+    ///
+    /// # Errors
+    /// If it logs none in time.
+    pub async fn admin_addr(&self) -> anyhow::Result<SocketAddr> {
+        let mut admin = self.admin.clone();
+        let found = tokio::time::timeout(LISTEN_TIMEOUT, admin.wait_for(Option::is_some)).await;
+        match found {
+            Ok(Ok(addr)) => addr.ok_or_else(|| anyhow!("unreachable: waited for Some")),
+            _ => bail!(
+                "{} logged no admin address in {LISTEN_TIMEOUT:?} (see {})",
+                self.name,
+                self.log.display()
+            ),
+        }
     }
 
     /// The process id.
@@ -292,15 +318,20 @@ async fn forward_lines(output: impl AsyncRead + Unpin, lines: mpsc::UnboundedSen
     }
 }
 
+/// Writes the child's lines to `file`; sends its public address and its
+/// admin address as it logs them.
 async fn write_log(
     file: tokio::fs::File,
     mut lines: mpsc::UnboundedReceiver<String>,
     addr: oneshot::Sender<SocketAddr>,
+    admin: watch::Sender<Option<SocketAddr>>,
 ) {
     let mut file = tokio::io::BufWriter::new(file);
     let mut addr = Some(addr);
     while let Some(line) = lines.recv().await {
-        if let Some(found) = listening_addr(&line) {
+        if let Some(found) = addr_after(&line, "admin endpoints on ") {
+            admin.send_if_modified(|admin| admin.replace(found).is_none());
+        } else if let Some(found) = listening_addr(&line) {
             if let Some(tx) = addr.take() {
                 let _ = tx.send(found);
             }
@@ -317,7 +348,12 @@ async fn write_log(
 /// The address in a `listening on http://ADDR` (or `https://ADDR`, a TLS
 /// listener) log line.
 fn listening_addr(line: &str) -> Option<SocketAddr> {
-    let rest = line.split("listening on ").nth(1)?;
+    addr_after(line, "listening on ")
+}
+
+/// The `http://ADDR` or `https://ADDR` that follows `what` in a log line.
+fn addr_after(line: &str, what: &str) -> Option<SocketAddr> {
+    let rest = line.split(what).nth(1)?;
     let rest = rest
         .strip_prefix("http://")
         .or_else(|| rest.strip_prefix("https://"))?;
@@ -349,6 +385,13 @@ mod tests {
             Some(SocketAddr::from(([127, 0, 0, 1], 4244)))
         );
         assert_eq!(listening_addr("listening on unix:/run/x.sock"), None);
+        let admin =
+            "2025-01-01T00:00:00Z  INFO lameduck::app: admin endpoints on http://127.0.0.1:9191";
+        assert_eq!(listening_addr(admin), None);
+        assert_eq!(
+            addr_after(admin, "admin endpoints on "),
+            Some(SocketAddr::from(([127, 0, 0, 1], 9191)))
+        );
         assert_eq!(listening_addr("nothing here"), None);
     }
 

@@ -158,7 +158,18 @@ pub enum MarkKind {
     Exit,
 }
 
-/// One panel of a rollout picture: one flavor's run.
+/// A shaded stretch of a picture, with a label: a phase of a scenario.
+#[derive(Clone, Debug, Serialize)]
+pub struct Span {
+    /// Where it starts, in seconds since the traffic started.
+    pub from_s: f64,
+    /// Where it ends.
+    pub to_s: f64,
+    /// What happened meanwhile.
+    pub label: String,
+}
+
+/// One panel of a picture: one flavor's run.
 #[derive(Clone, Debug)]
 pub struct Panel {
     /// Its title.
@@ -169,10 +180,26 @@ pub struct Panel {
     pub failed: Vec<u64>,
     /// Marked moments.
     pub marks: Vec<Mark>,
+    /// Shaded stretches.
+    pub spans: Vec<Span>,
 }
 
-/// An SVG with one panel per flavor, on a common time axis.
+/// The rollout picture's legend.
+const ROLLOUT_LEGEND: &str = r##"<tspan fill="#1f77b4">━ answered as expected /s</tspan>   <tspan fill="#d62728">▮ failed /s</tspan>   <tspan fill="#2ca02c">▼ new replica ready</tspan>   <tspan fill="#d62728">┆ SIGTERM</tspan>   <tspan fill="#ff7f0e">┆ balancer took it out</tspan>   <tspan fill="#7f7f7f">┆ exit</tspan>"##;
+
+/// The legend of a picture with shaded phases and no marks.
+pub const PHASE_LEGEND: &str = r##"<tspan fill="#1f77b4">━ answered as expected /s</tspan>   <tspan fill="#d62728">▮ failed /s</tspan>   <tspan fill="#b8860b">░ the disturbance, named above it</tspan>"##;
+
+/// An SVG with one panel per flavor, on a common time axis, with the
+/// rollout's marks.
 pub fn rollout_svg(title: &str, panels: &[Panel]) -> String {
+    timeline_svg(title, ROLLOUT_LEGEND, panels)
+}
+
+/// An SVG with one panel per flavor, on a common time axis: requests
+/// answered and failed per second, marks and shaded spans; `legend` is SVG
+/// text content (`<tspan>`s).
+pub fn timeline_svg(title: &str, legend: &str, panels: &[Panel]) -> String {
     const W: f64 = 960.0;
     const PANEL_H: f64 = 230.0;
     const LEFT: f64 = 60.0;
@@ -212,7 +239,7 @@ pub fn rollout_svg(title: &str, panels: &[Panel]) -> String {
     );
     let _ = writeln!(
         svg,
-        r##"<text x="{LEFT}" y="40" fill="#444"><tspan fill="#1f77b4">━ answered as expected /s</tspan>   <tspan fill="#d62728">▮ failed /s</tspan>   <tspan fill="#2ca02c">▼ new replica ready</tspan>   <tspan fill="#d62728">┆ SIGTERM</tspan>   <tspan fill="#ff7f0e">┆ balancer took it out</tspan>   <tspan fill="#7f7f7f">┆ exit</tspan></text>"##
+        r##"<text x="{LEFT}" y="40" fill="#444">{legend}</text>"##
     );
     for (index, panel) in panels.iter().enumerate() {
         #[allow(clippy::cast_precision_loss)]
@@ -225,6 +252,20 @@ pub fn rollout_svg(title: &str, panels: &[Panel]) -> String {
             top - 12.0,
             escape(&panel.title)
         );
+        for span in &panel.spans {
+            let (x0, x1) = (x_of(span.from_s), x_of(span.to_s));
+            let _ = writeln!(
+                svg,
+                r##"<rect x="{x0:.1}" y="{top}" width="{:.1}" height="{plot_h}" fill="#f5deb3" opacity="0.6"><title>{} from {:.2}s to {:.2}s</title></rect><text x="{:.1}" y="{}" text-anchor="middle" fill="#b8860b" font-size="11">{}</text>"##,
+                (x1 - x0).max(1.0),
+                escape(&span.label),
+                span.from_s,
+                span.to_s,
+                (x0 + x1) / 2.0,
+                top + 12.0,
+                escape(&span.label)
+            );
+        }
         let _ = writeln!(
             svg,
             r##"<rect x="{LEFT}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>"##
@@ -362,10 +403,16 @@ mod tests {
                 kind: MarkKind::Sigterm,
                 replica: "r1".to_owned(),
             }],
+            spans: vec![Span {
+                from_s: 0.5,
+                to_s: 2.0,
+                label: "database <down>".to_owned(),
+            }],
         };
         let svg = rollout_svg("t", &[panel]);
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
         assert!(svg.contains("a &lt;b&gt;"));
+        assert!(svg.contains("database &lt;down&gt;"));
         assert!((nice_ceiling(1100.0) - 1200.0).abs() < 1e-9);
     }
 }

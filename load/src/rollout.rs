@@ -326,6 +326,7 @@ impl FlavorResult {
             ok: self.ok_per_second.clone(),
             failed: self.failed_per_second.clone(),
             marks: self.marks.clone(),
+            spans: Vec::new(),
         }
     }
 }
@@ -394,6 +395,7 @@ fn mix(options: &Options) -> Mix {
         seed: options.seed,
         h2_share: options.h2_share,
         create_share: options.create_share,
+        read_share: 0.0,
         timeout: options.timeout,
         // Far more than any rollout takes; only a harness bug reaches it.
         max_duration: Duration::from_secs(1800),
@@ -725,6 +727,8 @@ fn summarize(
         match record.kind {
             Kind::Redirect => breakdown.redirect.add(record.fate),
             Kind::Create => breakdown.create.add(record.fate),
+            // The rollout sends none.
+            Kind::Read => {}
         }
         match (record.kind, record.status) {
             (Kind::Redirect, 307) => redirects_answered += 1,

@@ -4,7 +4,8 @@
 //! server shows up as latency instead of hiding behind a slower sender
 //! (no coordinated omission).
 //!
-//! The mix: redirects (`GET /{code}`) and link creations (`POST /api/links`),
+//! The mix: redirects (`GET /{code}`), link creations (`POST /api/links`)
+//! and link reads (`GET /api/links/{code}`),
 //! over a pool of HTTP/1.1 keep-alive connections and an HTTP/2
 //! prior-knowledge connection, chosen per request by a seeded generator, so
 //! two runs with the same seed and rate send the same sequence.
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::header::{CONTENT_TYPE, HOST};
+use hyper::header::{CONTENT_TYPE, HOST, RETRY_AFTER};
 use hyper::{Method, Request};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -28,6 +29,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::fate::Fate;
+use crate::haproxy;
 
 /// How long an idle pooled HTTP/1.1 connection is kept by the client;
 /// shorter than the balancer's keep-alive timeout, so the client, not the
@@ -42,6 +44,25 @@ pub enum Kind {
     Redirect,
     /// `POST /api/links`, expecting 201.
     Create,
+    /// `GET /api/links/{code}`, expecting 200.
+    Read,
+}
+
+impl Kind {
+    /// The status that means success.
+    pub fn expected(self) -> u16 {
+        match self {
+            Kind::Redirect => 307,
+            Kind::Create => 201,
+            Kind::Read => 200,
+        }
+    }
+
+    /// Whether the request needs the database (a redirect of a link the
+    /// server has cached does not).
+    pub fn needs_database(self) -> bool {
+        self != Kind::Redirect
+    }
 }
 
 /// The protocol a request used.
@@ -63,8 +84,10 @@ pub struct Mix {
     pub seed: u64,
     /// Share of requests sent over HTTP/2 (0 to 1).
     pub h2_share: f64,
-    /// Share of requests that create a link (0 to 1); the rest redirect.
+    /// Share of requests that create a link (0 to 1).
     pub create_share: f64,
+    /// Share of requests that read a link (0 to 1); the rest redirect.
+    pub read_share: f64,
     /// How long one request may take before it counts as a timeout.
     #[serde(with = "crate::report::millis")]
     pub timeout: Duration,
@@ -97,6 +120,11 @@ pub struct Record {
     pub proto: Proto,
     /// The response status, 0 if there was none.
     pub status: u16,
+    /// The response carried `Retry-After`.
+    pub retry_after: bool,
+    /// The balancer's slot of the server that answered (its `x-served-by`
+    /// header), if a balancer said.
+    pub server: Option<u8>,
 }
 
 type Body = Full<Bytes>;
@@ -163,8 +191,11 @@ pub async fn run(
         } else {
             Proto::Http1
         };
-        let kind = if rng.random::<f64>() < mix.create_share {
+        let draw = rng.random::<f64>();
+        let kind = if draw < mix.create_share {
             Kind::Create
+        } else if draw < mix.create_share + mix.read_share {
+            Kind::Read
         } else {
             Kind::Redirect
         };
@@ -177,14 +208,16 @@ pub async fn run(
         let tx = tx.clone();
         let timeout = mix.timeout;
         tokio::spawn(async move {
-            let (fate, status) = send(&client, request, kind, timeout).await;
+            let answer = send(&client, request, kind, timeout).await;
             let record = Record {
                 due: due - origin,
                 latency: due.elapsed(),
-                fate,
+                fate: answer.fate,
                 kind,
                 proto,
-                status,
+                status: answer.status,
+                retry_after: answer.retry_after,
+                server: answer.server,
             };
             let _ = tx.send(record);
         });
@@ -202,6 +235,10 @@ fn build_request(kind: Kind, addr: SocketAddr, code: &str, seed: u64, i: u64) ->
             .method(Method::GET)
             .uri(format!("http://{addr}/{code}"))
             .body(Body::default()),
+        Kind::Read => builder
+            .method(Method::GET)
+            .uri(format!("http://{addr}/api/links/{code}"))
+            .body(Body::default()),
         Kind::Create => builder
             .method(Method::POST)
             .uri(format!("http://{addr}/api/links"))
@@ -213,32 +250,53 @@ fn build_request(kind: Kind, addr: SocketAddr, code: &str, seed: u64, i: u64) ->
     request.unwrap_or_else(|error| unreachable!("a well-formed request: {error}"))
 }
 
+/// What came back for one request.
+struct Answer {
+    fate: Fate,
+    status: u16,
+    retry_after: bool,
+    server: Option<u8>,
+}
+
 async fn send(
     client: &Client<HttpConnector, Body>,
     request: Request<Body>,
     kind: Kind,
     timeout: Duration,
-) -> (Fate, u16) {
-    let expected = match kind {
-        Kind::Redirect => 307,
-        Kind::Create => 201,
-    };
+) -> Answer {
     let exchange = async {
         let response = client
             .request(request)
             .await
             .map_err(|error| Box::new(error) as Box<dyn StdError + Send + Sync>)?;
         let status = response.status().as_u16();
+        let headers = response.headers();
+        let retry_after = headers.contains_key(RETRY_AFTER);
+        let server = headers
+            .get("x-served-by")
+            .and_then(|value| value.to_str().ok())
+            .and_then(haproxy::served_by);
         response
             .into_body()
             .collect()
             .await
             .map_err(|error| Box::new(error) as Box<dyn StdError + Send + Sync>)?;
-        Ok::<u16, Box<dyn StdError + Send + Sync>>(status)
+        Ok::<_, Box<dyn StdError + Send + Sync>>((status, retry_after, server))
+    };
+    let failed = |fate| Answer {
+        fate,
+        status: 0,
+        retry_after: false,
+        server: None,
     };
     match tokio::time::timeout(timeout, exchange).await {
-        Err(_elapsed) => (Fate::Timeout, 0),
-        Ok(Err(error)) => (Fate::of_error(&*error), 0),
-        Ok(Ok(status)) => (Fate::of_status(status, expected), status),
+        Err(_elapsed) => failed(Fate::Timeout),
+        Ok(Err(error)) => failed(Fate::of_error(&*error)),
+        Ok(Ok((status, retry_after, server))) => Answer {
+            fate: Fate::of_status(status, kind.expected()),
+            status,
+            retry_after,
+            server,
+        },
     }
 }

@@ -143,6 +143,23 @@ impl PgCluster {
         self.expect_success(output, "pg_ctl stop");
     }
 
+    /// Restarts the server the way an operator applying a setting would
+    /// (`pg_ctl restart -m fast`): every open connection is closed at once,
+    /// then the server comes back on the same port with the same data.
+    /// Returns once it accepts connections again.
+    pub fn restart_fast(&self) {
+        let output = self
+            .pg_ctl("restart")
+            .args(["-m", "fast", "-w", "-t", PG_CTL_WAIT_SECS])
+            .arg("--log")
+            .arg(self.log_file())
+            .arg("-o")
+            .arg(format!("-p {}", self.port))
+            .output();
+        self.expect_success(output, "pg_ctl restart");
+        self.wait_until_ready();
+    }
+
     /// Starts the server again after [`PgCluster::stop`], on the same port
     /// with the same data, and waits until it accepts connections.
     pub fn start_again(&self) {

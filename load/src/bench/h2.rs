@@ -22,8 +22,11 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::Serialize;
 
+use super::stats::{fmt_ratios, paired_ratio, paired_ratios, verdict};
+use super::table::series_table;
 use super::{
-    create_bench_link, stop, Bench, CpuMark, Harness, Run, Series, LAMEDUCK, MINIMAL_AXUM,
+    create_bench_link, stop, Bench, BenchReport, CpuMark, Harness, Run, Series, LAMEDUCK,
+    MINIMAL_AXUM,
 };
 use crate::raw::RawConn;
 use crate::report::fmt_ms;
@@ -35,7 +38,7 @@ pub(super) const MINIMAL_NODELAY: &str = "minimal axum app + TCP_NODELAY";
 pub(super) const SHAPES: [(u32, u32); 3] = [(1, 100), (1, 10), (64, 10)];
 
 /// The target of lameduck ÷ the minimal axum app over HTTP/2.
-pub(super) const H2_TARGET: f64 = 0.85;
+const H2_TARGET: f64 = 0.85;
 
 /// One route in one shape: every server's runs.
 #[derive(Clone, Debug, Serialize)]
@@ -274,6 +277,41 @@ fn parse(stdout: &str, log: &str, expected: u16) -> anyhow::Result<(Run, u64)> {
         client_busy: f64::NAN,
     };
     Ok((run, latencies_us.len() as u64))
+}
+
+/// The HTTP/2 section: one table per route and shape, the headline
+/// lameduck ÷ the minimal axum app, and ÷ the same app with `TCP_NODELAY`.
+pub(super) fn h2_summary(report: &BenchReport, footer: &str) -> String {
+    let o = &report.options;
+    let mut text = format!(
+        "### HTTP/2 with prior knowledge (h2c), `h2load`, {} rounds of {:?} (+{:?} warm-up), servers taking turns\n\n",
+        o.rounds, o.duration, o.warmup
+    );
+    for case in &report.h2 {
+        let [lameduck, minimal, nodelay] = case.series.as_slice() else {
+            continue;
+        };
+        let ratios = paired_ratios(&lameduck.runs, &minimal.runs, |r| r.rps);
+        text.push_str(&format!(
+            "#### `{}`, {} connection(s) × {} streams\n\n{}\n\
+             **lameduck ÷ minimal axum app, run by run: throughput {} (target ≥ {:.2}: {}), p50 {}, p99 {}**; \
+             lameduck ÷ minimal axum app + TCP_NODELAY: throughput {}, p99 {}.\n\n",
+            case.route,
+            case.connections,
+            case.streams,
+            series_table(&[lameduck, minimal, nodelay], minimal),
+            fmt_ratios(&ratios),
+            H2_TARGET,
+            verdict(&ratios, H2_TARGET, true),
+            paired_ratio(lameduck, minimal, |r| r.p50_ms),
+            paired_ratio(lameduck, minimal, |r| r.p99_ms),
+            paired_ratio(lameduck, nodelay, |r| r.rps),
+            paired_ratio(lameduck, nodelay, |r| r.p99_ms),
+        ));
+    }
+    text.push_str(footer);
+    text.push('\n');
+    text
 }
 
 #[cfg(test)]

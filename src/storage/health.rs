@@ -49,7 +49,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{classify, Storage, StorageError, Verdict};
-use crate::breaker::CircuitBreaker;
+use crate::breaker::{BreakerState, CircuitBreaker};
 use crate::lifecycle::BoxError;
 
 /// Real failures in a row that open the breaker. Three: one broken pooled
@@ -127,6 +127,9 @@ struct Inner {
     reporting: Mutex<()>,
     /// Asks the prober for a probe now.
     probe_now: Notify,
+    /// Wakes the calls waiting for a pooled connection when the breaker
+    /// opens.
+    opened: Notify,
     metrics: HealthMetrics,
 }
 
@@ -152,6 +155,7 @@ impl Default for DatabaseHealth {
                 reported: AtomicU8::new(DatabaseState::Up as u8),
                 reporting: Mutex::new(()),
                 probe_now: Notify::new(),
+                opened: Notify::new(),
                 metrics: HealthMetrics::default(),
             }),
         };
@@ -218,9 +222,20 @@ impl DatabaseHealth {
         if self.inner.breaker.allows() {
             Ok(())
         } else {
-            self.inner.metrics.failed_fast.inc();
-            Err(StorageError::Down)
+            Err(self.failed_fast())
         }
+    }
+
+    /// Counts a call refused because the breaker is open; its error.
+    pub(super) fn failed_fast(&self) -> StorageError {
+        self.inner.metrics.failed_fast.inc();
+        StorageError::Down
+    }
+
+    /// Resolves when the breaker next opens (enable it before checking
+    /// [`DatabaseHealth::admit`], so that no opening falls in between).
+    pub(super) fn breaker_opened(&self) -> tokio::sync::futures::Notified<'_> {
+        self.inner.opened.notified()
     }
 
     /// Notes what a call's result says about the database, and turns a
@@ -266,9 +281,18 @@ impl DatabaseHealth {
     fn failed(&self) {
         let inner = &*self.inner;
         inner.metrics.failures.inc();
-        inner.breaker.record_failure();
+        self.record_failure();
         inner.probe_now.notify_one();
         self.report();
+    }
+
+    /// Counts a failure on the breaker; if that opens it, wakes the calls
+    /// waiting for a pooled connection, which fail fast now too.
+    fn record_failure(&self) {
+        let opened = self.inner.breaker.record_failure();
+        if opened.is_some_and(|transition| transition.to == BreakerState::Open) {
+            self.inner.opened.notify_waiters();
+        }
     }
 
     /// The pool has room again (an idle connection, or fewer than its
@@ -358,7 +382,7 @@ pub async fn run_health_probe(storage: Storage, token: CancellationToken) -> Res
             health.inner.breaker.record_success();
         } else {
             health.inner.metrics.failures.inc();
-            health.inner.breaker.record_failure();
+            health.record_failure();
         }
         if has_room(&storage.pool) {
             health.pool_has_room();
@@ -417,7 +441,6 @@ impl Prober {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::breaker::BreakerState;
 
     fn error(kind: std::io::ErrorKind) -> StorageError {
         StorageError::from(sqlx::Error::Io(std::io::Error::from(kind)))

@@ -24,6 +24,8 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
+use sqlx::pool::PoolConnection;
+use sqlx::Any;
 use sqlx::{AnyConnection, AnyPool, ConnectOptions, Connection, Executor, Row};
 use tokio_util::sync::CancellationToken;
 
@@ -423,6 +425,22 @@ impl Storage {
         self.health.state()
     }
 
+    /// A pooled connection, or [`StorageError::Down`] as soon as the breaker
+    /// opens while this call waits for one: a call that began waiting just
+    /// before an outage was noticed fails fast with the calls after it,
+    /// instead of waiting out the acquire timeout for a connection that
+    /// will not come. Giving up the wait is safe: no connection is held yet.
+    async fn acquire(&self) -> Result<PoolConnection<Any>, StorageError> {
+        let opened = self.health.breaker_opened();
+        let mut opened = pin!(opened);
+        opened.as_mut().enable();
+        self.health.admit()?;
+        tokio::select! {
+            connection = self.pool.acquire() => Ok(connection?),
+            () = opened => Err(self.health.failed_fast()),
+        }
+    }
+
     /// Runs `call` if the breaker allows it ([`StorageError::Down`] at once
     /// otherwise), and notes what its outcome says of the database.
     async fn call<T>(
@@ -488,7 +506,7 @@ impl Storage {
         if token.is_cancelled() {
             return Err(StorageError::Cancelled);
         }
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.acquire().await?;
         let backend_pid = self.backend_pid(&mut conn).await?;
         let mut tx = conn.begin_with(self.begin_statement()).await?;
 
@@ -535,7 +553,7 @@ impl Storage {
     async fn find_link_inner(&self, code: &str) -> Result<Option<StoredLink>, StorageError> {
         let row = sqlx::query("SELECT code, url, hits, created_at FROM links WHERE code = $1")
             .bind(code)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.acquire().await?)
             .await?;
         row.as_ref()
             .map(stored_link)
@@ -579,7 +597,7 @@ impl Storage {
         for id in batch_ids {
             query = query.bind(*id);
         }
-        let Some(row) = query.fetch_optional(&self.pool).await? else {
+        let Some(row) = query.fetch_optional(&mut *self.acquire().await?).await? else {
             return Ok(None);
         };
         let link = stored_link(&row)?;
@@ -887,6 +905,51 @@ mod tests {
         assert!(applied.expect("the batch lands"));
         assert_eq!(storage.state(), DatabaseState::Up);
         assert!(storage.find_link("abc").await.expect("read").is_none());
+    }
+
+    // Gap: a call that began waiting for a pooled connection just before
+    // the breaker opened waited out the whole acquire timeout (3 s) while
+    // the calls after it failed at once.
+    #[tokio::test]
+    async fn a_call_waiting_for_a_connection_fails_fast_when_the_breaker_opens() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let storage = Storage::open(None, dir.path(), 1, StorageMetrics::default())
+            .await
+            .expect("open SQLite");
+        let held = storage.pool().acquire().await.expect("the one connection");
+        // From here the clock only moves when every task waits: the
+        // acquire timeout would fire at once, so the call must be woken
+        // before it can.
+        tokio::time::pause();
+        let started = tokio::time::Instant::now();
+        let waiting = tokio::spawn({
+            let storage = storage.clone();
+            async move { storage.find_link("abc").await }
+        });
+        tokio::task::yield_now().await;
+        assert!(
+            !waiting.is_finished(),
+            "the call waits for the held connection"
+        );
+
+        let refused = || {
+            StorageError::from(sqlx::Error::Io(
+                std::io::ErrorKind::ConnectionRefused.into(),
+            ))
+        };
+        for _ in 0..health::FAILURE_THRESHOLD {
+            let _ = storage.health.observe::<()>(Err(refused()));
+        }
+        let answer = waiting.await.expect("the call's task");
+        assert!(matches!(answer, Err(StorageError::Down)), "{answer:?}");
+        // Paused time moves only to a timer: had the call waited for the
+        // pool, the clock would stand at the acquire timeout.
+        assert!(
+            started.elapsed() < ACQUIRE_TIMEOUT,
+            "the call waited {:?} for the pool",
+            started.elapsed()
+        );
+        drop(held);
     }
 
     #[test]

@@ -84,8 +84,8 @@ impl Flavor {
     /// Its label in tables.
     pub fn label(self) -> &'static str {
         match self {
-            Flavor::Lameduck => "lameduck (readiness about the process)",
-            Flavor::FollowsDatabase => "--readiness-follows-database (as before)",
+            Flavor::Lameduck => "lameduck",
+            Flavor::FollowsDatabase => "lameduck --readiness-follows-database",
         }
     }
 }

@@ -27,8 +27,9 @@
 //!
 //! The prober ([`run_health_probe`]) asks `SELECT 1` on a connection of its
 //! own, outside the pool, every [`PROBE_INTERVAL`] — and at once (at most
-//! every [`PROBE_MIN_GAP`]) when a call met a failure or a full pool, so an
-//! outage opens the breaker within a few tenths of a second under traffic.
+//! every [`PROBE_MIN_GAP`]) when a call met a failure or a full pool, or its
+//! own last probe failed while the breaker was still closed, so an outage
+//! opens the breaker within a few tenths of a second.
 //! A saturated pool cannot make it fail, and its answer is what tells a
 //! pool that waits on a dead database from one that waits on a busy one.
 //! While the breaker is open, its probe is the half-open trial.
@@ -383,6 +384,14 @@ pub async fn run_health_probe(storage: Storage, token: CancellationToken) -> Res
         } else {
             health.inner.metrics.failures.inc();
             health.record_failure();
+            // Failures are adding up toward the threshold: confirm at the
+            // minimum gap, not the interval, so that the breaker opens
+            // within tenths of a second even when no call meets an error
+            // (the pool replaces dead connections quietly and keeps
+            // retrying refused ones until the acquire timeout).
+            if health.inner.breaker.allows() {
+                health.inner.probe_now.notify_one();
+            }
         }
         if has_room(&storage.pool) {
             health.pool_has_room();

@@ -37,9 +37,8 @@ RUN mkdir -p src lifecycle/src load/src \
     && printf '//! Stand-in.\n' > lifecycle/src/lib.rs \
     && printf 'fn main() {}\n' > load/src/main.rs \
     && cargo build --release --locked -p lameduck \
-    && rm -rf src lifecycle/src target/release/.fingerprint/lameduck-* \
-        target/release/deps/lameduck-* target/release/deps/liblameduck-* \
-        target/release/deps/liblameduck_lifecycle-*
+    && cargo clean --release --locked -p lameduck -p lameduck-lifecycle \
+    && rm -rf src lifecycle/src
 
 # 2. The project itself (sqlx embeds migrations/ at compile time).
 COPY migrations migrations

@@ -160,7 +160,7 @@ impl App {
         mut lifecycle: Lifecycle,
         inherited: Listeners,
     ) -> Result<App, StartupError> {
-        let mut registry = Registry::with_prefix("lameduck");
+        let mut registry = Registry::with_prefix(crate::CRATE_NAME);
         LifecycleCollector::register(lifecycle.watch().metrics(), &mut registry);
         let http_metrics = HttpMetrics::default();
         http_metrics.register(&mut registry);
@@ -439,7 +439,7 @@ mod tests {
 
     #[test]
     fn the_default_shutdown_budget_fits_the_default_kubernetes_grace_period() {
-        let cli = Cli::try_parse_from(["lameduck", "server"]).expect("defaults parse");
+        let cli = Cli::try_parse_from([crate::NAME, "server"]).expect("defaults parse");
         let Command::Server(config) = cli.command else {
             unreachable!("parsed the server subcommand")
         };

@@ -16,7 +16,7 @@ use crate::tls::TlsFiles;
 /// lameduck: an HTTP service that stops, restarts and rolls out under load
 /// without dropping a request or losing a byte.
 #[derive(Debug, Parser)]
-#[command(name = "lameduck", version, about, long_about = None)]
+#[command(version, about, long_about = None)]
 pub struct Cli {
     /// What to run.
     #[command(subcommand)]
@@ -282,7 +282,7 @@ mod tests {
     use super::*;
 
     fn server(args: &[&str]) -> Result<ServerConfig, clap::Error> {
-        let argv = ["lameduck", "server"].iter().chain(args);
+        let argv = [crate::NAME, "server"].iter().chain(args);
         match Cli::try_parse_from(argv)?.command {
             Command::Server(config) => Ok(config),
             Command::Healthcheck(_) => unreachable!("parsed the server subcommand"),

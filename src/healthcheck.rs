@@ -55,8 +55,9 @@ pub fn probe(config: &HealthcheckConfig) -> Result<(), ProbeError> {
     let mut stream = connect(&addr, config.timeout).map_err(io)?;
     write!(
         stream,
-        "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: lameduck-healthcheck\r\nConnection: close\r\n\r\n",
-        config.path
+        "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {}-healthcheck\r\nConnection: close\r\n\r\n",
+        config.path,
+        crate::NAME
     )
     .map_err(io)?;
     let mut status_line = String::new();

@@ -49,5 +49,15 @@ pub mod telemetry;
 pub mod tls;
 
 pub use app::App;
+
+/// The service's name as its package spells it: the command, and every
+/// display of the name (messages, reports, the names its database sessions
+/// and files carry). Read from `Cargo.toml` at compile time: renaming the
+/// package renames them all.
+pub const NAME: &str = env!("CARGO_PKG_NAME");
+
+/// The service's crate name (the package name with `_` for `-`): the
+/// prefix of its metrics and of its log targets.
+pub const CRATE_NAME: &str = env!("CARGO_CRATE_NAME");
 /// The lifecycle crate, under the name the service has always used for it.
 pub use lameduck_lifecycle as lifecycle;

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use lameduck::lifecycle::handoff::{self, Successor};
 use lameduck::lifecycle::{error_chain, Lifecycle, LOG_TARGET};
-use lameduck::{healthcheck, telemetry, App};
+use lameduck::{healthcheck, telemetry, App, NAME};
 
 /// mimalloc instead of the system allocator: a request makes a few dozen
 /// short-lived allocations, and glibc's malloc and free were a third of the
@@ -49,7 +49,7 @@ fn main() -> ExitCode {
             {
                 Ok(runtime) => runtime,
                 Err(error) => {
-                    eprintln!("lameduck: cannot start the async runtime: {error}");
+                    eprintln!("{NAME}: cannot start the async runtime: {error}");
                     return Exit::Startup.into();
                 }
             };
@@ -61,7 +61,7 @@ fn main() -> ExitCode {
         Command::Healthcheck(config) => match healthcheck::probe(&config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
-                eprintln!("lameduck healthcheck: {}", error_chain(&error));
+                eprintln!("{NAME} healthcheck: {}", error_chain(&error));
                 ExitCode::FAILURE
             }
         },
@@ -170,8 +170,8 @@ fn usage_error(error: &clap::Error) -> ExitCode {
             // "the following required arguments were not provided:" names
             // them on the next line.
             match lines.next().filter(|_| first.ends_with(':')) {
-                Some(next) => eprintln!("lameduck: {first} {next} (see --help)"),
-                None => eprintln!("lameduck: {first} (see --help)"),
+                Some(next) => eprintln!("{NAME}: {first} {next} (see --help)"),
+                None => eprintln!("{NAME}: {first} (see --help)"),
             }
             Exit::Usage.into()
         }

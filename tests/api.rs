@@ -57,7 +57,7 @@ impl TestApp {
     async fn with_limits(limits: HttpLimits) -> TestApp {
         let data = TempDir::new().expect("tempdir");
         let shutdown = Shutdown::new();
-        let mut registry = Registry::with_prefix("lameduck");
+        let mut registry = Registry::with_prefix(lameduck::CRATE_NAME);
         let guard_metrics = GuardMetrics::default();
         guard_metrics.register(&mut registry);
         let http_metrics = HttpMetrics::default();

@@ -39,7 +39,7 @@ use support::postgres::PgCluster;
 /// appear, a process to exit, a socket to close. Reaching it is a failure.
 const PATIENCE: Duration = Duration::from_secs(15);
 
-// The shutdown log lines (target `lameduck::shutdown`).
+// The shutdown log lines (target `lameduck_lifecycle::shutdown`).
 const STARTED: &str = "shutdown started: readiness is now false";
 const LAME_DUCK: &str = "lame duck: ";
 const DRAINING: &str = "listener closed; draining";

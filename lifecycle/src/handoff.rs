@@ -183,7 +183,7 @@ async fn upgrade(sockets: &[OwnedFd], successor: &Successor) -> io::Result<u32> 
     };
     // A private socket for the successor's `READY=1`, removed on return.
     let notify = tempfile::Builder::new()
-        .prefix("lameduck-upgrade-")
+        .prefix(concat!(env!("CARGO_PKG_NAME"), "-upgrade-"))
         .suffix(".sock")
         .make(|path| UnixDatagram::bind(path))
         .map_err(cannot_start)?;

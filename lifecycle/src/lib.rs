@@ -36,8 +36,9 @@ use std::time::Duration;
 pub const DEADLINE_CLEANUP_GRACE: Duration = Duration::from_secs(1);
 
 /// The `tracing` target of every shutdown-phase log line, so operators can
-/// filter the whole timeline with `RUST_LOG=lameduck::shutdown=info`.
-pub const LOG_TARGET: &str = "lameduck::shutdown";
+/// filter the whole timeline with `RUST_LOG=lameduck_lifecycle::shutdown=info`:
+/// this crate's name (whatever a service renames it to), then `::shutdown`.
+pub const LOG_TARGET: &str = concat!(env!("CARGO_CRATE_NAME"), "::shutdown");
 
 /// `error: cause: cause…` on one line, each cause said once (some errors
 /// already print their source).

@@ -38,6 +38,7 @@ use crate::machine::Machine;
 use crate::raw::{self, RawConn};
 use crate::replica::{Ended, Replica, Spec};
 use crate::report::{self, fmt_ms, Latency};
+use crate::{metric, SERVICE};
 
 /// lameduck's default `--body-read-timeout` and `--header-read-timeout`, in
 /// seconds: how long the server lets one attack connection live. The
@@ -441,7 +442,7 @@ pub async fn run(
     out: &Path,
 ) -> anyhow::Result<AbuseReport> {
     let scratch = tempfile::Builder::new()
-        .prefix("lameduck-abuse-")
+        .prefix(&format!("{SERVICE}-abuse-"))
         .tempdir()?;
     let mut attacks = Vec::with_capacity(options.attacks.len());
     for attack in &options.attacks {
@@ -475,7 +476,7 @@ async fn one_attack(
 ) -> anyhow::Result<AttackReport> {
     let data = scratch.join(attack.name());
     let spec = Spec {
-        program: binaries.lameduck.clone(),
+        program: binaries.service.clone(),
         args: [
             "server",
             "--listen",
@@ -491,7 +492,7 @@ async fn one_attack(
     };
     let log = out
         .join("logs")
-        .join(format!("{}-lameduck.log", attack.name()));
+        .join(format!("{}-{SERVICE}.log", attack.name()));
     let mut server = Replica::spawn(attack.name(), &spec, &log).await?;
     server
         .wait_ready("/readyz", Duration::from_secs(30))
@@ -838,12 +839,13 @@ async fn normal_client(addr: SocketAddr, options: &Options) -> Vec<Record> {
 /// until `until`; a scrape that fails is counted, not fatal (the admin
 /// listener failing under the attack is a finding).
 async fn sample_connections(addr: SocketAddr, until: Instant) -> (Vec<i64>, usize) {
+    let open = metric("connections_open");
     let mut samples = Vec::new();
     let mut failed = 0;
     while Instant::now() < until {
         match scrape(addr).await {
             #[allow(clippy::cast_possible_truncation)]
-            Ok(metrics) => samples.push(sum_of(&metrics, "lameduck_connections_open") as i64),
+            Ok(metrics) => samples.push(sum_of(&metrics, &open) as i64),
             Err(_) => failed += 1,
         }
         tokio::time::sleep(SAMPLE_EVERY.min(until.saturating_duration_since(Instant::now()))).await;
@@ -937,9 +939,10 @@ fn counters(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Co
     let delta = |name: &str| {
         after.get(name).copied().unwrap_or(0.0) - before.get(name).copied().unwrap_or(0.0)
     };
+    let requests = format!("{}{{", metric("http_requests_total"));
     let mut http_errors = Vec::new();
     for (series, value) in after {
-        let Some(labels) = series.strip_prefix("lameduck_http_requests_total{") else {
+        let Some(labels) = series.strip_prefix(requests.as_str()) else {
             continue;
         };
         let status = label(labels, "status").unwrap_or_default();
@@ -953,8 +956,8 @@ fn counters(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Co
         }
     }
     Counters {
-        shed: delta("lameduck_requests_shed_total"),
-        timed_out: delta("lameduck_requests_timed_out_total"),
+        shed: delta(&metric("requests_shed_total")),
+        timed_out: delta(&metric("requests_timed_out_total")),
         http_errors,
     }
 }
@@ -1148,7 +1151,7 @@ pub fn summary(report: &AbuseReport) -> String {
             &|a| format!("{}–{}", a.held.window_min, a.held.window_max),
         ),
         row(
-            "`lameduck_connections_open` while measuring, min–max",
+            &format!("`{}` while measuring, min–max", metric("connections_open")),
             &|a| format!("{}–{}", a.held.server_min, a.held.server_max),
         ),
         row("measuring from (attack start +)", &|a| {
@@ -1169,10 +1172,10 @@ pub fn summary(report: &AbuseReport) -> String {
             a.creations.latency.cell()
         }),
         row("normal requests failed, by fate", &failures),
-        row("`lameduck_requests_shed_total`", &|a| {
+        row(&format!("`{}`", metric("requests_shed_total")), &|a| {
             format!("{:.0}", a.counters.shed)
         }),
-        row("`lameduck_requests_timed_out_total`", &|a| {
+        row(&format!("`{}`", metric("requests_timed_out_total")), &|a| {
             format!("{:.0}", a.counters.timed_out)
         }),
         row("`http_requests_total` 4xx / 5xx", &|a| {
@@ -1203,13 +1206,13 @@ pub fn summary(report: &AbuseReport) -> String {
     ];
 
     let mut text = format!(
-        "### Abuse: slow bodies and slowloris (slowhttptest) against lameduck with default settings, a normal client alongside, then SIGTERM\n\n{}",
+        "### Abuse: slow bodies and slowloris (slowhttptest) against {SERVICE} with default settings, a normal client alongside, then SIGTERM\n\n{}",
         report::table(&header, &rows)
     );
     let _ = write!(
         text,
-        "\nEach attack runs against a fresh `lameduck server` (default settings: `--max-connections` 10000, `--max-concurrent-requests` 1024, `--body-read-timeout` and `--header-read-timeout` 10s; SQLite; port 0). \
-         slowhttptest never reopens a connection the server has closed, and lameduck closes a slow one after 10 s, so each process opens {overshoot} × its share ÷ 10 s connections a second (`-r`) for as long as it runs, which holds about its share at once; \
+        "\nEach attack runs against a fresh `{SERVICE} server` (default settings: `--max-connections` 10000, `--max-concurrent-requests` 1024, `--body-read-timeout` and `--header-read-timeout` 10s; SQLite; port 0). \
+         slowhttptest never reopens a connection the server has closed, and {SERVICE} closes a slow one after 10 s, so each process opens {overshoot} × its share ÷ 10 s connections a second (`-r`) for as long as it runs, which holds about its share at once; \
          at most {per} per process, since one process's loop slows down with every socket it has opened. \
          The harness stops it with SIGINT when the measurement ends (`-l` only bounds it). Commands, run in the output folder:\n\n",
         overshoot = RATE_OVERSHOOT,
@@ -1233,11 +1236,12 @@ pub fn summary(report: &AbuseReport) -> String {
         "\nNormal client: open loop, {rate} req/s each of `GET /{{code}}` (a link created before the attack; 307 expected) and `POST /api/links` (201), every request on a new connection with a {timeout:?} timeout, for {window:?} from the moment slowhttptest reported {most:.0} % of its connections up. \
          Latency counts from when a request was due, connect included; percentiles are of the successful ones. \
          Counters: `/metrics` (on the admin listener, `--admin-listen 127.0.0.1:0`) after the attack minus before it; the 4xx of `/api/links` are the attack's own: slow bodies answered 408 after 10 s, and slowhttptest's probes (`GET /api/links`, 405, one per process every 5 s). \
-         `lameduck_connections_open` includes the normal client's connections.\n",
+         `{open}` includes the normal client's connections.\n",
         rate = options.rate,
         timeout = options.timeout,
         window = options.window,
         most = MOST * 100.0,
+        open = metric("connections_open"),
     );
     for attack in attacks {
         let mut notes = Vec::new();
@@ -1375,14 +1379,18 @@ mod tests {
 
     #[test]
     fn metrics_are_parsed_and_summed() {
-        let text = "# TYPE lameduck_connections_open gauge\n\
-            lameduck_connections_open{protocol=\"pending\"} 3\n\
-            lameduck_connections_open{protocol=\"http1\"} 1100\n\
-            lameduck_connections_open_other 7\n\
-            lameduck_http_requests_total{route=\"/api/links\",status=\"4xx\"} 12\n\
-            # EOF\n";
-        let metrics = parse_metrics(text);
-        assert!((sum_of(&metrics, "lameduck_connections_open") - 1103.0).abs() < 1e-9);
+        let open = metric("connections_open");
+        let requests = metric("http_requests_total");
+        let text = format!(
+            "# TYPE {open} gauge\n\
+            {open}{{protocol=\"pending\"}} 3\n\
+            {open}{{protocol=\"http1\"}} 1100\n\
+            {open}_other 7\n\
+            {requests}{{route=\"/api/links\",status=\"4xx\"}} 12\n\
+            # EOF\n"
+        );
+        let metrics = parse_metrics(&text);
+        assert!((sum_of(&metrics, &open) - 1103.0).abs() < 1e-9);
         let before = BTreeMap::new();
         let counted = counters(&before, &metrics);
         assert_eq!(

@@ -4,14 +4,17 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::LazyLock;
 
 use anyhow::{anyhow, bail, Context};
+
+use crate::SERVICE;
 
 /// Paths of the server binaries.
 #[derive(Clone, Debug)]
 pub struct Binaries {
     /// `lameduck`, the service itself.
-    pub lameduck: PathBuf,
+    pub service: PathBuf,
     /// `minimal-axum`: the minimal axum app (README-style, no
     /// middleware), the baseline of the headline ratios.
     pub minimal_axum: PathBuf,
@@ -39,16 +42,21 @@ pub const PROFILE: &str = if cfg!(debug_assertions) {
     "release"
 };
 
-const NAMES: [&str; 8] = [
-    "lameduck",
-    "plain-axum",
-    "bare-hyper",
-    "redirect-uncounted",
-    "close-floor",
-    "minimal-axum",
-    "axum-stack",
-    "lameduck-without",
-];
+/// The binaries' names, in the order [`Binaries::pick`] takes them: the
+/// service's own and its `-without` build's follow the package's name.
+static NAMES: LazyLock<[String; 8]> = LazyLock::new(|| {
+    [
+        SERVICE,
+        "plain-axum",
+        "bare-hyper",
+        "redirect-uncounted",
+        "close-floor",
+        "minimal-axum",
+        "axum-stack",
+        &format!("{SERVICE}-without"),
+    ]
+    .map(str::to_owned)
+});
 
 /// The workspace this crate was built from.
 pub fn workspace_root() -> PathBuf {
@@ -69,13 +77,14 @@ impl Binaries {
     /// If the build fails or a binary is missing from its report.
     pub fn build() -> anyhow::Result<Binaries> {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let failpoints = format!("{SERVICE}/failpoints");
         let mut args = vec!["build"];
         if PROFILE == "release" {
             args.push("--release");
         } else {
-            args.extend(["--features", "lameduck/failpoints"]);
+            args.extend(["--features", &failpoints]);
         }
-        args.extend(["-p", "lameduck", "-p", "load", "--bins"]);
+        args.extend(["-p", SERVICE, "-p", "load", "--bins"]);
         eprintln!("load: cargo {}", args.join(" "));
         let output = Command::new(cargo)
             .current_dir(workspace_root())
@@ -117,18 +126,18 @@ impl Binaries {
     fn pick(find: impl Fn(&str) -> Option<PathBuf>) -> anyhow::Result<Binaries> {
         let get = |name: &str| {
             find(name).ok_or_else(|| {
-                anyhow!("binary {name} not found; build with `cargo build --release -p lameduck -p load --bins`")
+                anyhow!("binary {name} not found; build with `cargo build --release -p {SERVICE} -p load --bins`")
             })
         };
         Ok(Binaries {
-            lameduck: get(NAMES[0])?,
-            plain_axum: get(NAMES[1])?,
-            bare_hyper: get(NAMES[2])?,
-            redirect_uncounted: get(NAMES[3])?,
-            close_floor: get(NAMES[4])?,
-            minimal_axum: get(NAMES[5])?,
-            axum_stack: get(NAMES[6])?,
-            lameduck_without: get(NAMES[7])?,
+            service: get(&NAMES[0])?,
+            plain_axum: get(&NAMES[1])?,
+            bare_hyper: get(&NAMES[2])?,
+            redirect_uncounted: get(&NAMES[3])?,
+            close_floor: get(&NAMES[4])?,
+            minimal_axum: get(&NAMES[5])?,
+            axum_stack: get(&NAMES[6])?,
+            lameduck_without: get(&NAMES[7])?,
         })
     }
 }

@@ -54,5 +54,19 @@ pub mod soak;
 pub mod tls;
 pub mod traffic;
 
+/// The service's name, as its package spells it (`lameduck::NAME`): the
+/// name shown in every table, label and message, the name of its binary
+/// and the prefix of the other names the harness gives its runs (replicas,
+/// logs, scratch folders). Renaming the package renames them all.
+pub const SERVICE: &str = lameduck::NAME;
+
+/// The service's Prometheus series `name`, under the service's metric
+/// prefix (its crate name, `lameduck::CRATE_NAME`): `metric("hits_pending")`
+/// is `lameduck_hits_pending` for the package `lameduck`.
+#[must_use]
+pub fn metric(name: &str) -> String {
+    format!("{}_{name}", lameduck::CRATE_NAME)
+}
+
 #[path = "../../tests/support/postgres.rs"]
 mod postgres;

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use crate::raw::{self, RawConn};
 
 /// The servers log at `info`, or at what `LOAD_SERVER_LOG` says (a
-/// `RUST_LOG` filter, e.g. `lameduck=debug`).
+/// `RUST_LOG` filter, e.g. `lameduck_lifecycle=debug`).
 pub const LOG_ENV: &str = "LOAD_SERVER_LOG";
 
 /// How long a server may take to log its listening address.

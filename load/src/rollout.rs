@@ -34,6 +34,7 @@ use crate::raw::{self, RawConn};
 use crate::replica::{Ended, Replica, Spec};
 use crate::report::{self, Latency, Mark, MarkKind, Panel};
 use crate::traffic::{self, Kind, Mix, Proto, Record, Targets};
+use crate::SERVICE;
 
 /// Server slots per balancer backend: R + 1 are in use at most.
 const SLOTS: usize = 16;
@@ -64,11 +65,11 @@ pub enum Flavor {
 }
 
 impl Flavor {
-    fn slug(self) -> &'static str {
+    fn slug(self) -> String {
         match self {
-            Flavor::Lameduck => "lameduck",
-            Flavor::LameduckNoDelay => "lameduck-no-delay",
-            Flavor::PlainAxum => "plain-axum",
+            Flavor::Lameduck => SERVICE.to_owned(),
+            Flavor::LameduckNoDelay => format!("{SERVICE}-no-delay"),
+            Flavor::PlainAxum => "plain-axum".to_owned(),
         }
     }
 
@@ -82,7 +83,7 @@ impl Flavor {
     fn label(self, options: &Options) -> String {
         match self {
             Flavor::Lameduck | Flavor::LameduckNoDelay => format!(
-                "lameduck --drain-delay {}",
+                "{SERVICE} --drain-delay {}",
                 humantime::format_duration(self.drain_delay(options))
             ),
             Flavor::PlainAxum => "plain axum::serve".to_owned(),
@@ -91,7 +92,7 @@ impl Flavor {
 
     fn program(self, binaries: &Binaries) -> &Path {
         match self {
-            Flavor::Lameduck | Flavor::LameduckNoDelay => &binaries.lameduck,
+            Flavor::Lameduck | Flavor::LameduckNoDelay => &binaries.service,
             Flavor::PlainAxum => &binaries.plain_axum,
         }
     }
@@ -531,7 +532,7 @@ async fn run_flavor(
     let logs = work.join("logs");
     std::fs::create_dir_all(&logs)?;
     let scratch = tempfile::Builder::new()
-        .prefix("lameduck-load-")
+        .prefix(&format!("{SERVICE}-load-"))
         .tempdir()?;
     let lb = Haproxy::start(checks, SLOTS, scratch.path(), &logs.join("haproxy.log")).await?;
     let drain_delay = flavor.drain_delay(options);

@@ -20,6 +20,7 @@ use crate::binaries::{self, Binaries};
 use crate::machine::Machine;
 use crate::raw::{self, RawConn};
 use crate::replica::{Replica, Spec};
+use crate::SERVICE;
 
 /// Options of `load soak`.
 #[derive(Clone, Debug, Args)]
@@ -64,12 +65,12 @@ pub fn main(options: Options, machine: Machine) -> ExitCode {
 }
 
 async fn run(options: &Options, binaries: &Binaries, machine: &Machine) -> anyhow::Result<String> {
-    let data = std::env::temp_dir().join(format!("lameduck-soak-{}", std::process::id()));
+    let data = std::env::temp_dir().join(format!("{SERVICE}-soak-{}", std::process::id()));
     let logs = binaries::workspace_root().join("load/out");
     std::fs::create_dir_all(&logs)?;
     let max_connections = options.idle + options.connections + 1_000;
     let spec = Spec {
-        program: binaries.lameduck.clone(),
+        program: binaries.service.clone(),
         args: [
             "server",
             "--listen",
@@ -87,7 +88,8 @@ async fn run(options: &Options, binaries: &Binaries, machine: &Machine) -> anyho
         env: Vec::new(),
         cpus: None,
     };
-    let mut server = Replica::spawn("soak", &spec, &logs.join("soak-lameduck.log")).await?;
+    let mut server =
+        Replica::spawn("soak", &spec, &logs.join(format!("soak-{SERVICE}.log"))).await?;
     server
         .wait_ready("/readyz", Duration::from_secs(30))
         .await?;

@@ -18,7 +18,7 @@ use std::time::Instant;
 #[test]
 fn through_the_balancer_a_misbehaving_database_fails_no_cached_redirect_and_loses_no_hit() {
     let out = tempfile::Builder::new()
-        .prefix("lameduck-outage-smoke-")
+        .prefix(&format!("{}-outage-smoke-", load::SERVICE))
         .tempdir()
         .expect("a temporary output folder");
     let started = Instant::now();

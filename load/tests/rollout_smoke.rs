@@ -14,7 +14,7 @@ use std::time::Instant;
 #[test]
 fn rolling_lameduck_under_load_fails_no_request_and_loses_no_hit() {
     let out = tempfile::Builder::new()
-        .prefix("lameduck-rollout-smoke-")
+        .prefix(&format!("{}-rollout-smoke-", load::SERVICE))
         .tempdir()
         .expect("a temporary output folder");
     let started = Instant::now();

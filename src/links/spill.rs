@@ -127,7 +127,7 @@ pub fn ensure_writable(dir: &Path) -> io::Result<()> {
         Alphanumeric.sample_string(&mut rand::rng(), 8)
     ));
     let written = File::create(&probe).and_then(|mut file| {
-        file.write_all(b"lameduck")?;
+        file.write_all(crate::NAME.as_bytes())?;
         file.sync_all()
     });
     let removed = fs::remove_file(&probe);

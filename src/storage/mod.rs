@@ -41,14 +41,15 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The `application_name` of the service's PostgreSQL sessions, so they can
-/// be told apart in `pg_stat_activity`.
-pub const APPLICATION_NAME: &str = "lameduck";
+/// be told apart in `pg_stat_activity`: the service's name.
+pub const APPLICATION_NAME: &str = crate::NAME;
 
-/// The `application_name` of the side connection that cancels statements.
-pub const CANCELLER_APPLICATION_NAME: &str = "lameduck-canceller";
+/// Appended to [`APPLICATION_NAME`] for the side connection that cancels
+/// statements.
+pub const CANCELLER_SUFFIX: &str = "-canceller";
 
-/// The `application_name` of the health prober's own connection.
-pub const PROBE_APPLICATION_NAME: &str = "lameduck-probe";
+/// Appended to [`APPLICATION_NAME`] for the health prober's own connection.
+pub const PROBE_SUFFIX: &str = "-probe";
 
 /// How long applied batch ids are remembered. A spill file replayed later
 /// than this could count a batch twice; spills are replayed at the next
@@ -338,7 +339,7 @@ impl Storage {
                 })?;
                 format!(
                     "sqlite://{}?mode=rwc",
-                    data_dir.join("lameduck.db").display()
+                    data_dir.join(format!("{}.db", crate::NAME)).display()
                 )
             }
         };
@@ -364,9 +365,12 @@ impl Storage {
                 parse(&with_application_name(&url, APPLICATION_NAME))?,
                 Some(parse(&with_application_name(
                     &url,
-                    CANCELLER_APPLICATION_NAME,
+                    &format!("{APPLICATION_NAME}{CANCELLER_SUFFIX}"),
                 ))?),
-                parse(&with_application_name(&url, PROBE_APPLICATION_NAME))?,
+                parse(&with_application_name(
+                    &url,
+                    &format!("{APPLICATION_NAME}{PROBE_SUFFIX}"),
+                ))?,
             ),
             Backend::Sqlite => (parse(&url)?, None, parse(&url)?),
         };

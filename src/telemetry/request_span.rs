@@ -42,7 +42,7 @@ static CALLSITE: DefaultCallsite = DefaultCallsite::new(&META);
 /// request id. Made only for a line, a span costs nothing at any level.
 static META: Metadata<'static> = Metadata::new(
     "request",
-    "lameduck::http",
+    concat!(env!("CARGO_CRATE_NAME"), "::http"),
     Level::ERROR,
     Some(file!()),
     Some(line!()),

@@ -44,9 +44,9 @@ use tempfile::TempDir;
 use tokio::runtime::Runtime;
 
 /// The role that [`PgCluster::url`] logs in as.
-const ROLE: &str = "lameduck";
+const ROLE: &str = "service";
 /// The database that [`PgCluster::url`] names, owned by [`ROLE`].
-const DATABASE: &str = "lameduck_test";
+const DATABASE: &str = "service_test";
 /// The superuser `initdb` creates; it may log in over the Unix socket only.
 const SUPERUSER: &str = "postgres";
 /// The system user PostgreSQL runs as when the tests run as root.

@@ -15,15 +15,16 @@ use super::{
     NOT_COUNTING, THROUGHPUT_TARGET,
 };
 use crate::raw::{self, RawConn};
+use crate::SERVICE;
 
 impl Bench<'_> {
     pub(super) async fn counting(&self) -> anyhow::Result<Vec<Series>> {
-        eprintln!("load: the redirect path: lameduck, the minimal axum app, no hit counting");
+        eprintln!("load: the redirect path: {SERVICE}, the minimal axum app, no hit counting");
         let b = self.binaries;
         let mut counted = self
             .start(
-                "ct-lameduck",
-                &self.spec(&b.lameduck, "ct-counted", &[]),
+                &format!("ct-{SERVICE}"),
+                &self.spec(&b.service, "ct-counted", &[]),
                 "/readyz",
             )
             .await?;
@@ -60,9 +61,9 @@ impl Bench<'_> {
                 .collect(),
         );
         let targets = [
-            Target::new(COUNTING, &counted, &requests, 307),
+            Target::new(&COUNTING, &counted, &requests, 307),
             Target::new(MINIMAL_REDIRECT, &minimal, &requests, 307),
-            Target::new(NOT_COUNTING, &uncounted, &requests, 307),
+            Target::new(&NOT_COUNTING, &uncounted, &requests, 307),
         ];
         let series = self.rounds(&targets).await;
         for replica in [&mut counted, &mut minimal, &mut uncounted] {
@@ -82,8 +83,8 @@ pub(super) fn counting_summary(report: &BenchReport, footer: &str) -> String {
     };
     let ratios = paired_ratios(&counted.runs, &minimal.runs, |r| r.rps);
     format!(
-        "### Redirect hot path: `GET /{{code}}` over {} links (lameduck on SQLite, the default store; the minimal axum app on an in-memory map), closed loop, {} connections, {} rounds of {:?} (+{:?} warm-up)\n\n{}\n\
-         **lameduck ÷ minimal axum app, run by run, median (min–max): throughput {} \
+        "### Redirect hot path: `GET /{{code}}` over {} links ({SERVICE} on SQLite, the default store; the minimal axum app on an in-memory map), closed loop, {} connections, {} rounds of {:?} (+{:?} warm-up)\n\n{}\n\
+         **{SERVICE} ÷ minimal axum app, run by run, median (min–max): throughput {} \
          (target ≥ {THROUGHPUT_TARGET:.2}: {}), p50 {}, p99 {}; server CPU a request {}.** The cost of counting the hit:\n\n{}\n{footer}\n",
         o.links,
         o.connections,

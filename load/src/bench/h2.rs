@@ -30,6 +30,7 @@ use super::{
 };
 use crate::raw::RawConn;
 use crate::report::fmt_ms;
+use crate::SERVICE;
 
 /// The minimal axum app with `TCP_NODELAY` on its connections.
 pub(super) const MINIMAL_NODELAY: &str = "minimal axum app + TCP_NODELAY";
@@ -58,10 +59,10 @@ impl Bench<'_> {
     pub(super) async fn h2(&self) -> anyhow::Result<Vec<H2Case>> {
         eprintln!("load: HTTP/2 (h2c) with h2load");
         let b = self.binaries;
-        let mut lameduck = self
+        let mut service = self
             .start(
-                "h2-lameduck",
-                &self.spec(&b.lameduck, "h2-lameduck", &[]),
+                &format!("h2-{SERVICE}"),
+                &self.spec(&b.service, &format!("h2-{SERVICE}"), &[]),
                 "/readyz",
             )
             .await?;
@@ -78,7 +79,7 @@ impl Bench<'_> {
             .push((crate::baseline::NODELAY_ENV.to_owned(), "1".to_owned()));
         let mut nodelay = self.start("h2-nodelay", &nodelay_spec, "/readyz").await?;
         let servers = [
-            (LAMEDUCK, lameduck.addr, lameduck.pid()),
+            (LAMEDUCK, service.addr, service.pid()),
             (MINIMAL_AXUM, minimal.addr, minimal.pid()),
             (MINIMAL_NODELAY, nodelay.addr, nodelay.pid()),
         ];
@@ -138,7 +139,7 @@ impl Bench<'_> {
                 });
             }
         }
-        for replica in [&mut lameduck, &mut minimal, &mut nodelay] {
+        for replica in [&mut service, &mut minimal, &mut nodelay] {
             stop(replica).await;
         }
         Ok(cases)
@@ -288,25 +289,25 @@ pub(super) fn h2_summary(report: &BenchReport, footer: &str) -> String {
         o.rounds, o.duration, o.warmup
     );
     for case in &report.h2 {
-        let [lameduck, minimal, nodelay] = case.series.as_slice() else {
+        let [service, minimal, nodelay] = case.series.as_slice() else {
             continue;
         };
-        let ratios = paired_ratios(&lameduck.runs, &minimal.runs, |r| r.rps);
+        let ratios = paired_ratios(&service.runs, &minimal.runs, |r| r.rps);
         text.push_str(&format!(
             "#### `{}`, {} connection(s) × {} streams\n\n{}\n\
-             **lameduck ÷ minimal axum app, run by run: throughput {} (target ≥ {:.2}: {}), p50 {}, p99 {}**; \
-             lameduck ÷ minimal axum app + TCP_NODELAY: throughput {}, p99 {}.\n\n",
+             **{SERVICE} ÷ minimal axum app, run by run: throughput {} (target ≥ {:.2}: {}), p50 {}, p99 {}**; \
+             {SERVICE} ÷ minimal axum app + TCP_NODELAY: throughput {}, p99 {}.\n\n",
             case.route,
             case.connections,
             case.streams,
-            series_table(&[lameduck, minimal, nodelay], minimal),
+            series_table(&[service, minimal, nodelay], minimal),
             fmt_ratios(&ratios),
             H2_TARGET,
             verdict(&ratios, H2_TARGET, true),
-            paired_ratio(lameduck, minimal, |r| r.p50_ms),
-            paired_ratio(lameduck, minimal, |r| r.p99_ms),
-            paired_ratio(lameduck, nodelay, |r| r.rps),
-            paired_ratio(lameduck, nodelay, |r| r.p99_ms),
+            paired_ratio(service, minimal, |r| r.p50_ms),
+            paired_ratio(service, minimal, |r| r.p99_ms),
+            paired_ratio(service, nodelay, |r| r.rps),
+            paired_ratio(service, nodelay, |r| r.p99_ms),
         ));
     }
     text.push_str(footer);

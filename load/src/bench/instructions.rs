@@ -20,6 +20,7 @@ use super::{
 use crate::raw::{self, RawConn};
 use crate::replica::{Replica, Spec};
 use crate::report;
+use crate::SERVICE;
 
 /// Requests of the short and the long callgrind run; the difference of
 /// their instruction counts, divided by the difference of these, leaves out
@@ -52,7 +53,7 @@ impl Bench<'_> {
         let redirect = raw::get("/bench-0");
         let link = create_bench_link(0);
         let cases: [(&str, &str, &Path, &str, &[u8]); 7] = [
-            ("GET /healthz", LAMEDUCK, &b.lameduck, "/readyz", &healthz),
+            ("GET /healthz", LAMEDUCK, &b.service, "/readyz", &healthz),
             (
                 "GET /healthz",
                 MINIMAL_AXUM,
@@ -74,7 +75,7 @@ impl Bench<'_> {
                 "/healthz",
                 &healthz,
             ),
-            ("GET /{code}", COUNTING, &b.lameduck, "/readyz", &redirect),
+            ("GET /{code}", &COUNTING, &b.service, "/readyz", &redirect),
             (
                 "GET /{code}",
                 MINIMAL_REDIRECT,
@@ -84,7 +85,7 @@ impl Bench<'_> {
             ),
             (
                 "GET /{code}",
-                NOT_COUNTING,
+                &NOT_COUNTING,
                 &b.redirect_uncounted,
                 "/readyz",
                 &redirect,
@@ -203,19 +204,19 @@ fn callgrind_total(path: &Path) -> anyhow::Result<u64> {
 /// What each step of lameduck's middleware costs on `GET /healthz`: the
 /// instructions per request with every step less those without that one.
 fn steps_table(
-    lameduck: &InstructionSeries,
+    service: &InstructionSeries,
     minimal: &InstructionSeries,
     steps: &[InstructionSeries],
 ) -> String {
     if steps.is_empty() {
         return String::new();
     }
-    let above = lameduck.per_request - minimal.per_request;
+    let above = service.per_request - minimal.per_request;
     let header: Vec<String> = vec![
         "step switched off".to_owned(),
         "instructions per `GET /healthz` without it".to_owned(),
         "what the step costs".to_owned(),
-        format!("share of lameduck − minimal axum app ({above:.0})"),
+        format!("share of {SERVICE} − minimal axum app ({above:.0})"),
     ];
     let step_of = |s: &InstructionSeries| {
         let step = s.server.rsplit(" without ").next().unwrap_or(&s.server);
@@ -231,7 +232,7 @@ fn steps_table(
     let mut rows: Vec<Vec<String>> = steps
         .iter()
         .map(|s| {
-            let cost = lameduck.per_request - s.per_request;
+            let cost = service.per_request - s.per_request;
             vec![
                 label(step_of(s)),
                 format!("{:.0}", s.per_request),
@@ -254,11 +255,11 @@ fn steps_table(
     }
     let rest = rest.map_or_else(String::new, |rest| {
         format!(
-            " With every step off, lameduck still runs {rest:.0} instructions a request more than the minimal axum app: the stack's own service and future, axum's route level for its layer, and the lifecycle's request scope, connection state and deadlines."
+            " With every step off, {SERVICE} still runs {rest:.0} instructions a request more than the minimal axum app: the stack's own service and future, axum's route level for its layer, and the lifecycle's request scope, connection state and deadlines."
         )
     });
     format!(
-        "What each step of the middleware costs, switched off one at a time, and all at once (`lameduck-without`, a build for the bench only).{rest}\n\n{}\n",
+        "What each step of the middleware costs, switched off one at a time, and all at once (`{SERVICE}-without`, a build for the bench only).{rest}\n\n{}\n",
         report::table(&header, &rows)
     )
 }
@@ -266,7 +267,7 @@ fn steps_table(
 /// The instructions part's section: every route and server, lameduck ÷ each
 /// baseline, and what each step of the middleware costs.
 pub(super) fn instructions_summary(report: &BenchReport, footer: &str) -> String {
-    let [lameduck, minimal, plain, bare, counted, minimal_redirect, uncounted, steps @ ..] =
+    let [service, minimal, plain, bare, counted, minimal_redirect, uncounted, steps @ ..] =
         report.instructions.as_slice()
     else {
         return String::new();
@@ -298,20 +299,20 @@ pub(super) fn instructions_summary(report: &BenchReport, footer: &str) -> String
         .collect();
     format!(
         "### Instructions per request (callgrind), {} and {} requests over 8 connections\n\n{}\n\
-         **`GET /healthz`: lameduck ÷ minimal axum app: {} of the instructions**, a throughput ratio of \
-         {} if time followed instructions; **lameduck ÷ bare hyper: {}** (lameduck ÷ plain axum::serve: {}). \
-         **`GET /{{code}}`: lameduck ÷ minimal axum app: {}**, a throughput ratio of {}; counting ÷ not \
+         **`GET /healthz`: {SERVICE} ÷ minimal axum app: {} of the instructions**, a throughput ratio of \
+         {} if time followed instructions; **{SERVICE} ÷ bare hyper: {}** ({SERVICE} ÷ plain axum::serve: {}). \
+         **`GET /{{code}}`: {SERVICE} ÷ minimal axum app: {}**, a throughput ratio of {}; counting ÷ not \
          counting: {}. Counted, not timed: the same on a busy machine as on an idle one.\n\n{}{footer}\n",
         INSTRUCTION_RUNS[0],
         INSTRUCTION_RUNS[1],
         report::table(&header, &rows),
-        ratio(lameduck.per_request, minimal.per_request),
-        ratio(minimal.per_request, lameduck.per_request),
-        ratio(lameduck.per_request, bare.per_request),
-        ratio(lameduck.per_request, plain.per_request),
+        ratio(service.per_request, minimal.per_request),
+        ratio(minimal.per_request, service.per_request),
+        ratio(service.per_request, bare.per_request),
+        ratio(service.per_request, plain.per_request),
         ratio(counted.per_request, minimal_redirect.per_request),
         ratio(minimal_redirect.per_request, counted.per_request),
         ratio(counted.per_request, uncounted.per_request),
-        steps_table(lameduck, minimal, steps),
+        steps_table(service, minimal, steps),
     )
 }

@@ -37,7 +37,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -51,6 +51,7 @@ use crate::machine::Machine;
 use crate::raw;
 use crate::replica::{self, Replica, Spec};
 use crate::report::{self, fmt_ms};
+use crate::SERVICE;
 
 mod counting;
 mod h2;
@@ -96,7 +97,7 @@ pub enum Part {
 }
 
 /// The servers' names in the tables.
-const LAMEDUCK: &str = "lameduck";
+const LAMEDUCK: &str = SERVICE;
 const MINIMAL_AXUM: &str = "minimal axum app";
 const AXUM_STACK: &str = "axum + tower-http stack";
 const BARE_HYPER: &str = "bare hyper";
@@ -104,9 +105,9 @@ const PLAIN_AXUM: &str = "plain axum::serve (same app)";
 /// A second process of the minimal axum app, not a baseline: the two
 /// copies' ratio is what the run's own noise makes of identical servers.
 const MINIMAL_AXUM_COPY: &str = "minimal axum app, second copy";
-const COUNTING: &str = "lameduck, counting hits";
+static COUNTING: LazyLock<String> = LazyLock::new(|| format!("{SERVICE}, counting hits"));
 const MINIMAL_REDIRECT: &str = "minimal axum app, in-memory map";
-const NOT_COUNTING: &str = "lameduck's path, no counting";
+static NOT_COUNTING: LazyLock<String> = LazyLock::new(|| format!("{SERVICE}'s path, no counting"));
 
 /// The headline target of the throughput and counting parts: lameduck ÷
 /// the minimal axum app.
@@ -325,7 +326,7 @@ pub async fn run(
     out: &Path,
 ) -> anyhow::Result<BenchReport> {
     let scratch = tempfile::Builder::new()
-        .prefix("lameduck-bench-")
+        .prefix(&format!("{SERVICE}-bench-"))
         .tempdir()?;
     let bench = Bench {
         options: &options,
@@ -694,12 +695,12 @@ mod tests {
                 series(MINIMAL_AXUM_COPY, &[80.0, 125.0]),
             ],
             counting: vec![
-                series(COUNTING, &[50.0]),
+                series(&COUNTING, &[50.0]),
                 series(MINIMAL_REDIRECT, &[100.0]),
-                series(NOT_COUNTING, &[50.0]),
+                series(&NOT_COUNTING, &[50.0]),
             ],
             shutdown: vec![
-                shutdown_series("lameduck --drain-delay 0s", &[50.0]),
+                shutdown_series(&format!("{SERVICE} --drain-delay 0s"), &[50.0]),
                 shutdown_series(MINIMAL_AXUM, &[100.0]),
                 shutdown_series(PLAIN_AXUM, &[100.0]),
                 shutdown_series("hyper-util GracefulShutdown", &[40.0]),
@@ -726,14 +727,16 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("lameduck ÷ minimal axum app + TCP_NODELAY: throughput 1.125"),
+            text.contains(&format!(
+                "{SERVICE} ÷ minimal axum app + TCP_NODELAY: throughput 1.125"
+            )),
             "{text}"
         );
         assert!(
-            text.contains(
-                "**lameduck ÷ minimal axum app, run by run, median (min–max): \
+            text.contains(&format!(
+                "**{SERVICE} ÷ minimal axum app, run by run, median (min–max): \
                  throughput 0.875 (0.80–0.95) (target ≥ 0.90: not met)"
-            ),
+            )),
             "{text}"
         );
         assert!(
@@ -741,11 +744,11 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("| lameduck ÷ axum + tower-http stack "),
+            text.contains(&format!("| {SERVICE} ÷ axum + tower-http stack ")),
             "{text}"
         );
         assert!(
-            text.contains("≤ 1.0×; lameduck: 0.500 (0.50–0.50) (met)"),
+            text.contains(&format!("≤ 1.0×; {SERVICE}: 0.500 (0.50–0.50) (met)")),
             "{text}"
         );
         assert!(

@@ -17,6 +17,7 @@ use super::{Bench, BenchReport, Options, MINIMAL_AXUM, NOT_PINNED, PLAIN_AXUM};
 use crate::raw;
 use crate::replica::Spec;
 use crate::report::{self, fmt_ms};
+use crate::SERVICE;
 
 /// The headline target of the shutdown part: lameduck ÷ the minimal axum
 /// app, SIGTERM to exit.
@@ -94,12 +95,13 @@ impl Bench<'_> {
         let limit = (idle + 1000).to_string();
         let mut graceful = self.bare_spec();
         graceful.args.insert(0, "--graceful".into());
+        let service_label = format!("{SERVICE} --drain-delay 0s");
         let mut servers = [
             (
-                "lameduck --drain-delay 0s",
+                service_label.as_str(),
                 self.spec(
-                    &b.lameduck,
-                    "sd-lameduck",
+                    &b.service,
+                    &format!("sd-{SERVICE}"),
                     &["--drain-delay", "0s", "--max-connections", &limit],
                 ),
             ),
@@ -277,39 +279,39 @@ fn shutdown_summary(
         })
         .collect();
     let target = match series {
-        [lameduck, minimal, _, graceful, bare, none] => {
+        [service, minimal, _, graceful, bare, none] => {
             let floor = median(round_floors(&bare.runs, &none.runs).into_iter());
             let beyond_graceful = median(
-                lameduck
+                service
                     .runs
                     .iter()
                     .zip(&graceful.runs)
                     .map(|(l, g)| l.exit_ms - g.exit_ms),
             );
-            let ratios = paired_ratios(&lameduck.runs, &minimal.runs, |r| r.exit_ms);
+            let ratios = paired_ratios(&service.runs, &minimal.runs, |r| r.exit_ms);
             format!(
-                "**Target: lameduck ÷ minimal axum app, SIGTERM → exit, round by round, ≤ {SHUTDOWN_TARGET:.1}×; \
-                 lameduck: {} ({}), {} ms against {} ms.** The floor is the \
+                "**Target: {SERVICE} ÷ minimal axum app, SIGTERM → exit, round by round, ≤ {SHUTDOWN_TARGET:.1}×; \
+                 {SERVICE}: {} ({}), {} ms against {} ms.** The floor is the \
                  faster, round by round, of two processes that do nothing but close the {} \
                  connections: bare hyper exiting at once, so that the kernel closes them at exit, \
                  and no server at all, sending each its FIN (`shutdown(2)`, then `close(2)`) from \
                  one thread per core it may use. Median {} ms: the kernel's own cost of closing \
-                 them (and of the peer's ACK, on loopback). Paired round by round, lameduck takes \
-                 **{} ms above the floor**, the minimal axum app {} ms; lameduck − hyper-util's \
+                 them (and of the peer's ACK, on loopback). Paired round by round, {SERVICE} takes \
+                 **{} ms above the floor**, the minimal axum app {} ms; {SERVICE} − hyper-util's \
                  `GracefulShutdown`: **{} ms**.",
                 fmt_ratios(&ratios),
                 verdict(&ratios, SHUTDOWN_TARGET, false),
-                fmt_ms(lameduck.exit_ms),
+                fmt_ms(service.exit_ms),
                 fmt_ms(minimal.exit_ms),
                 o.idle,
                 fmt_ms(floor),
-                fmt_ms(lameduck.above_floor_ms),
+                fmt_ms(service.above_floor_ms),
                 fmt_ms(minimal.above_floor_ms),
                 fmt_delta_ms(beyond_graceful),
             )
         }
         _ => format!(
-            "**Target: lameduck ÷ minimal axum app, SIGTERM → exit, ≤ {SHUTDOWN_TARGET:.1}×.**"
+            "**Target: {SERVICE} ÷ minimal axum app, SIGTERM → exit, ≤ {SHUTDOWN_TARGET:.1}×.**"
         ),
     };
     format!(

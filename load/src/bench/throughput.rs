@@ -13,15 +13,16 @@ use super::{
     MINIMAL_AXUM_COPY, PLAIN_AXUM, THROUGHPUT_TARGET,
 };
 use crate::raw;
+use crate::SERVICE;
 
 impl Bench<'_> {
     pub(super) async fn throughput(&self) -> anyhow::Result<Vec<Series>> {
         eprintln!("load: throughput of GET /healthz");
         let b = self.binaries;
-        let mut lameduck = self
+        let mut service = self
             .start(
-                "tp-lameduck",
-                &self.spec(&b.lameduck, "tp-lameduck", &[]),
+                &format!("tp-{SERVICE}"),
+                &self.spec(&b.service, &format!("tp-{SERVICE}"), &[]),
                 "/readyz",
             )
             .await?;
@@ -58,7 +59,7 @@ impl Bench<'_> {
             .await?;
         let requests = Arc::new(vec![raw::get("/healthz")]);
         let targets = [
-            Target::new(LAMEDUCK, &lameduck, &requests, 200),
+            Target::new(LAMEDUCK, &service, &requests, 200),
             Target::new(MINIMAL_AXUM, &minimal, &requests, 200),
             Target::new(AXUM_STACK, &stack, &requests, 200),
             Target::new(BARE_HYPER, &bare, &requests, 200),
@@ -67,7 +68,7 @@ impl Bench<'_> {
         ];
         let series = self.rounds(&targets).await;
         for replica in [
-            &mut lameduck,
+            &mut service,
             &mut minimal,
             &mut stack,
             &mut bare,
@@ -85,13 +86,13 @@ impl Bench<'_> {
 /// lameduck ÷ each of the other baselines.
 pub(super) fn throughput_summary(report: &BenchReport, footer: &str) -> String {
     let o = &report.options;
-    let [lameduck, minimal, stack, bare, plain, copy] = report.throughput.as_slice() else {
+    let [service, minimal, stack, bare, plain, copy] = report.throughput.as_slice() else {
         return String::new();
     };
-    let ratios = paired_ratios(&lameduck.runs, &minimal.runs, |r| r.rps);
+    let ratios = paired_ratios(&service.runs, &minimal.runs, |r| r.rps);
     format!(
         "### Trivial route: `GET /healthz`, closed loop, {} connections, {} rounds of {:?} (+{:?} warm-up), servers taking turns\n\n{}\n\
-         **lameduck ÷ minimal axum app, run by run, median (min–max): throughput {} \
+         **{SERVICE} ÷ minimal axum app, run by run, median (min–max): throughput {} \
          (target ≥ {THROUGHPUT_TARGET:.2}: {}), p50 {}, p99 {}; server CPU a request {}.** The run's own noise, \
          two copies of the minimal axum app taking turns like the rest (minimal axum app \
          ÷ its second copy, run by run): throughput {}, p99 {}. The other baselines:\n\n{}\n{footer}\n",
@@ -99,16 +100,16 @@ pub(super) fn throughput_summary(report: &BenchReport, footer: &str) -> String {
         o.rounds,
         o.duration,
         o.warmup,
-        series_table(&[lameduck, minimal, stack, bare, plain, copy], minimal),
+        series_table(&[service, minimal, stack, bare, plain, copy], minimal),
         fmt_ratios(&ratios),
         verdict(&ratios, THROUGHPUT_TARGET, true),
-        paired_ratio(lameduck, minimal, |r| r.p50_ms),
-        paired_ratio(lameduck, minimal, |r| r.p99_ms),
-        paired_ratio(lameduck, minimal, |r| r.cpu_us),
+        paired_ratio(service, minimal, |r| r.p50_ms),
+        paired_ratio(service, minimal, |r| r.p99_ms),
+        paired_ratio(service, minimal, |r| r.cpu_us),
         paired_ratio(minimal, copy, |r| r.rps),
         paired_ratio(minimal, copy, |r| r.p99_ms),
         ratio_table(
-            lameduck,
+            service,
             &[
                 (minimal, format!("≥ {THROUGHPUT_TARGET:.2} (headline)")),
                 (stack, String::new()),

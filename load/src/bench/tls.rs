@@ -17,6 +17,7 @@ use crate::raw::{self, RawConn};
 use crate::replica::Replica;
 use crate::report::{self, fmt_ms};
 use crate::tls;
+use crate::SERVICE;
 
 /// The rows of the TLS part.
 pub const TLS_KEEP_ALIVE: &str = "HTTPS, keep-alive";
@@ -104,14 +105,13 @@ impl Bench<'_> {
             certificates.key.display().to_string(),
         );
         let b = self.binaries;
-        let spec = self.spec(
-            &b.lameduck,
-            "tls-lameduck",
-            &["--tls-cert", &cert, "--tls-key", &key],
-        );
-        let mut https = Replica::spawn("tls-lameduck", &spec, &self.logs.join("tls-lameduck.log"))
+        let name = format!("tls-{SERVICE}");
+        let spec = self.spec(&b.service, &name, &["--tls-cert", &cert, "--tls-key", &key]);
+        let mut https = Replica::spawn(&name, &spec, &self.logs.join(format!("{name}.log")))
             .await
-            .context("lameduck with --tls-cert/--tls-key (does this build have them?)")?;
+            .with_context(|| {
+                format!("{SERVICE} with --tls-cert/--tls-key (does this build have them?)")
+            })?;
         // The public listener speaks TLS only: readiness on the admin one.
         let admin = abuse::admin_addr(&https).await?;
         https
@@ -119,8 +119,8 @@ impl Bench<'_> {
             .await?;
         let mut http = self
             .start(
-                "tls-lameduck-plain",
-                &self.spec(&b.lameduck, "tls-lameduck-plain", &[]),
+                &format!("tls-{SERVICE}-plain"),
+                &self.spec(&b.service, &format!("tls-{SERVICE}-plain"), &[]),
                 "/readyz",
             )
             .await?;
@@ -393,12 +393,12 @@ pub(super) fn tls_summary(o: &Options, report: &TlsReport, footer: &str) -> Stri
     .collect();
     let handshake_us = full.server_cpu_us() - new_http.server_cpu_us();
     format!(
-        "### TLS: `GET /healthz` on lameduck over HTTPS and over plain HTTP, closed loop, {} connections, {} rounds of {:?} (+{:?} warm-up), taking turns\n\n{}\n\
+        "### TLS: `GET /healthz` on {SERVICE} over HTTPS and over plain HTTP, closed loop, {} connections, {} rounds of {:?} (+{:?} warm-up), taking turns\n\n{}\n\
          **HTTPS ÷ HTTP, run by run, median (min–max): keep-alive throughput {}; new connections per second, \
          full handshake: {} ({:.0} against {:.0} a second), with session resumption: {}.** \
          Each full handshake costs the server about {:.0} µs of CPU more than a plain connection \
          ({:.1} against {:.1} µs per connection and request).\n\n{}\n\
-         Server: `lameduck server --tls-cert --tls-key`, a chain made at start: {}. The client offers \
+         Server: `{SERVICE} server --tls-cert --tls-key`, a chain made at start: {}. The client offers \
          ALPN `http/1.1` alone (the raw client speaks HTTP/1.1) and negotiated {}; offering `h2` too, \
          the server picks {}. A new connection per request sends `Connection: close`, its latency counts \
          from the connect; keep-alive latency from the send. CPU is user + system time from \

@@ -46,6 +46,7 @@ use crate::raw::{self, RawConn};
 use crate::replica::{Ended, Replica, Spec};
 use crate::report::{self, Latency};
 use crate::traffic::{self, Mix, Targets};
+use crate::{metric, SERVICE};
 use phase::{Database, Phase, PhaseResult};
 use relay::Relay;
 
@@ -76,16 +77,16 @@ pub enum Flavor {
 impl Flavor {
     fn slug(self) -> &'static str {
         match self {
-            Flavor::Lameduck => "lameduck",
+            Flavor::Lameduck => SERVICE,
             Flavor::FollowsDatabase => "follows-database",
         }
     }
 
     /// Its label in tables.
-    pub fn label(self) -> &'static str {
+    pub fn label(self) -> String {
         match self {
-            Flavor::Lameduck => "lameduck",
-            Flavor::FollowsDatabase => "lameduck --readiness-follows-database",
+            Flavor::Lameduck => SERVICE.to_owned(),
+            Flavor::FollowsDatabase => format!("{SERVICE} --readiness-follows-database"),
         }
     }
 }
@@ -359,7 +360,7 @@ async fn run_flavor(
     let logs = out.join(flavor.slug()).join("logs");
     std::fs::create_dir_all(&logs)?;
     let scratch = tempfile::Builder::new()
-        .prefix("lameduck-outage-")
+        .prefix(&format!("{SERVICE}-outage-"))
         .tempdir()?;
     let checks = options.checks();
     let lb = Haproxy::start(
@@ -480,7 +481,7 @@ async fn run_flavor(
     }
     Ok(FlavorResult {
         flavor,
-        label: flavor.label().to_owned(),
+        label: flavor.label(),
         warm_redirects,
         failed_fast: Latency::of(&failed_fast),
         phases,
@@ -535,7 +536,7 @@ async fn start_fleet(
             .url()
             .replace(&direct, &format!(":{}/", relay.addr.port()));
         let spec = Spec {
-            program: binaries.lameduck.clone(),
+            program: binaries.service.clone(),
             args,
             env: vec![("DATABASE_URL".to_owned(), url)],
             cpus: None,
@@ -608,8 +609,8 @@ async fn settle(admins: &[SocketAddr]) -> anyhow::Result<()> {
                     .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
                     .and_then(|value| value.trim().parse::<f64>().ok())
             };
-            let pending = value("lameduck_hits_pending");
-            let in_flight = value("lameduck_requests_in_flight");
+            let pending = value(&metric("hits_pending"));
+            let in_flight = value(&metric("requests_in_flight"));
             if pending == Some(0.0) && in_flight == Some(0.0) {
                 break;
             }

@@ -64,7 +64,7 @@ impl App {
         mut lifecycle: Lifecycle,
         inherited: Listeners,
     ) -> Result<App, StartupError> {
-        let mut registry = Registry::with_prefix("lameduck");
+        let mut registry = Registry::with_prefix(env!("CARGO_CRATE_NAME"));
         LifecycleCollector::register(lifecycle.watch().metrics(), &mut registry);
         let greetings = Counter::<u64>::default();
         registry.register("greetings", "Greetings sent", greetings.clone());

@@ -44,8 +44,9 @@ pub(crate) fn probe(config: &HealthcheckConfig) -> Result<(), ProbeError> {
     stream.set_write_timeout(Some(config.timeout)).map_err(io)?;
     write!(
         &stream,
-        "GET {} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: lameduck-healthcheck\r\nConnection: close\r\n\r\n",
-        config.path
+        "GET {} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: {}-healthcheck\r\nConnection: close\r\n\r\n",
+        config.path,
+        crate::NAME
     )
     .map_err(io)?;
     let mut status_line = String::new();

@@ -35,6 +35,10 @@ use lameduck_lifecycle::{error_chain, Lifecycle, Report, LOG_TARGET};
 
 use crate::app::App;
 use crate::config::{Cli, Command, ServerConfig};
+
+/// The service's name as its package spells it, for its messages: read from
+/// `Cargo.toml` at compile time, so renaming the package renames them.
+const NAME: &str = env!("CARGO_PKG_NAME");
 use crate::exit::Exit;
 
 fn main() -> ExitCode {
@@ -60,7 +64,7 @@ fn main() -> ExitCode {
             {
                 Ok(runtime) => runtime,
                 Err(error) => {
-                    eprintln!("lameduck: cannot start the async runtime: {error}");
+                    eprintln!("{NAME}: cannot start the async runtime: {error}");
                     return Exit::Startup.into();
                 }
             };
@@ -72,7 +76,7 @@ fn main() -> ExitCode {
         Command::Healthcheck(config) => match healthcheck::probe(&config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
-                eprintln!("lameduck healthcheck: {}", error_chain(&error));
+                eprintln!("{NAME} healthcheck: {}", error_chain(&error));
                 ExitCode::FAILURE
             }
         },
@@ -175,7 +179,7 @@ fn usage_error(error: &clap::Error) -> ExitCode {
                 .find(|line| !line.trim().is_empty())
                 .unwrap_or("invalid command line");
             let line = line.strip_prefix("error: ").unwrap_or(line);
-            eprintln!("lameduck: {line} (see --help)");
+            eprintln!("{NAME}: {line} (see --help)");
             Exit::Usage.into()
         }
     }

@@ -128,7 +128,8 @@ impl Server {
     /// Waits until the server counts `n` requests in flight.
     fn wait_in_flight(&self, n: u32) {
         let deadline = Instant::now() + TIMEOUT;
-        let wanted = format!("lameduck_requests_in_flight {n}");
+        let prefix = env!("CARGO_PKG_NAME").replace('-', "_");
+        let wanted = format!("{prefix}_requests_in_flight {n}");
         while Instant::now() < deadline {
             let metrics = request(self.admin, "GET", "/metrics", "").expect("GET /metrics");
             if metrics.1.lines().any(|line| line == wanted) {

@@ -27,7 +27,7 @@
 # real image pulled from a registry wins over a stand-in, and a stand-in made
 # before is reused (--force remakes the stand-ins, never a real image).
 # The bootstrapped roots and the package cache live under $WORK_DIR (default
-# ${TMPDIR:-/tmp}/lameduck-base-images), never in the repository.
+# ${TMPDIR:-/tmp}/docker-base-images), never in the repository.
 #
 # Needs root (debootstrap, chroot), docker, debootstrap
 # (scripts/install-test-deps.sh docker installs it) and, for the builder, a
@@ -38,14 +38,14 @@ set -euo pipefail
 # RUST_IMAGE and RUNTIME_IMAGE; the script checks that before it does anything.
 BUILDER_TAG="${BUILDER_TAG:-rust:1.95-slim-bookworm}"
 RUNTIME_TAG="${RUNTIME_TAG:-gcr.io/distroless/cc-debian12:nonroot}"
-HAPROXY_TAG="${HAPROXY_TAG:-lameduck-test/haproxy:bookworm}"
+HAPROXY_TAG="${HAPROXY_TAG:-stand-in/haproxy:bookworm}"
 
 readonly SUITE=bookworm
 readonly PROG=docker-base-images
 # docker import --message: how the script recognises its own stand-ins.
-readonly STAND_IN_MARK="lameduck stand-in"
+readonly STAND_IN_MARK="docker-base-images stand-in"
 
-WORK_DIR="${WORK_DIR:-${TMPDIR:-/tmp}/lameduck-base-images}"
+WORK_DIR="${WORK_DIR:-${TMPDIR:-/tmp}/docker-base-images}"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 say() { printf '%s: %s\n' "$PROG" "$*"; }

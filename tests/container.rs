@@ -42,7 +42,7 @@ const IMAGE: &str = "lameduck:container-test";
 /// The Dockerfile's build stage, tagged to keep it cached between runs.
 const BUILD_STAGE_IMAGE: &str = "lameduck:container-test-build";
 /// The load balancer image `scripts/docker-base-images.sh haproxy` makes.
-const HAPROXY_IMAGE: &str = "lameduck-test/haproxy:bookworm";
+const HAPROXY_IMAGE: &str = "stand-in/haproxy:bookworm";
 /// The port the image's server listens on (its `EXPOSE`).
 const APP_PORT: u16 = 8080;
 /// Docker's default `docker stop` timeout, after which it sends SIGKILL.

@@ -4,8 +4,9 @@
 //! request, any lost hit or link, or any replica that does not exit 0.
 //!
 //! A test in this package cannot get `CARGO_BIN_EXE_lameduck`, so the
-//! harness builds the release binaries itself (`cargo build --release -p
-//! lameduck -p load --bins`, a no-op when they are fresh) and installs
+//! harness builds the servers itself, in the test's own (debug) profile
+//! and with its features (`cargo build --features lameduck/failpoints -p
+//! lameduck -p load --bins`, a no-op when they are fresh), and installs
 //! HAProxy and PostgreSQL with scripts/install-test-deps.sh when missing.
 
 use std::process::Command;

@@ -12,8 +12,26 @@ use crate::replica::Ended;
 use crate::report::{self, Panel, Span};
 
 /// A creation or read answered 503 behind an open breaker must come back
-/// this fast (p99): failing fast is the breaker's whole point.
+/// this fast (p99), through the balancer, from release builds: failing fast
+/// is the breaker's whole point.
 pub const FAIL_FAST_P99_MS: f64 = 10.0;
+
+/// The same bound for debug builds (the smoke run under `cargo test`):
+/// their request path is several times slower and far more sensitive to a
+/// busy machine, so the 10 ms of a release build would fail on noise;
+/// 100 ms still tells failing fast from waiting for a pooled connection
+/// (the 3 s acquire timeout).
+pub const FAIL_FAST_P99_MS_DEBUG: f64 = 100.0;
+
+/// The fail-fast bound for the servers this harness runs: release or debug
+/// builds, as it was built itself.
+pub fn fail_fast_bound_ms() -> f64 {
+    if crate::binaries::PROFILE == "release" {
+        FAIL_FAST_P99_MS
+    } else {
+        FAIL_FAST_P99_MS_DEBUG
+    }
+}
 
 /// Creations succeed again within this long of the database answering.
 pub const RECOVERY: Duration = Duration::from_secs(1);
@@ -289,7 +307,8 @@ fn shortfalls(phase: &PhaseResult, request_timeout: Duration) -> Vec<String> {
 
 /// The verdict of `--check`: lameduck's runs must meet every target in
 /// every phase — no failed redirect, 503s behind an open breaker within
-/// [`FAIL_FAST_P99_MS`] (p99 over the phases: one phase holds a few) and
+/// [`FAIL_FAST_P99_MS`] (p99 over the phases: one phase holds a few;
+/// [`FAIL_FAST_P99_MS_DEBUG`] for debug builds) and
 /// every 503 with `Retry-After`, nothing
 /// waiting to the request timeout, creations back within [`RECOVERY`] of
 /// the database answering, every replica ready throughout, hits and links
@@ -311,10 +330,13 @@ pub fn verdict(report: &OutageReport) -> Result<(), String> {
                 problems.push(format!("{}: {problem}", phase.label));
             }
         }
-        if result.failed_fast.count > 0 && result.failed_fast.p99_ms > FAIL_FAST_P99_MS {
+        let bound = fail_fast_bound_ms();
+        if result.failed_fast.count > 0 && result.failed_fast.p99_ms > bound {
             problems.push(format!(
-                "503s behind an open breaker took {} ms (p99 of {} over the phases), over {FAIL_FAST_P99_MS} ms",
-                result.failed_fast.p99_ms, result.failed_fast.count
+                "503s behind an open breaker took {} ms (p99 of {} over the phases), over {bound} ms ({} build)",
+                result.failed_fast.p99_ms,
+                result.failed_fast.count,
+                crate::binaries::PROFILE
             ));
         }
         if !result.exits.iter().all(|e| e.code == Some(0)) {

@@ -309,8 +309,12 @@ impl Generated {
             .split('`')
             .skip(1)
             .step_by(2)
+            // Relative paths: not routes (`/healthz`), commands or Rust paths.
             .filter(|quoted| {
-                quoted.contains('/') && !quoted.contains(' ') && !quoted.contains("::")
+                quoted.contains('/')
+                    && !quoted.starts_with('/')
+                    && !quoted.contains(' ')
+                    && !quoted.contains("::")
             })
             .collect();
         assert!(paths.len() >= 3, "{heading} names no paths:\n{section}");

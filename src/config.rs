@@ -33,6 +33,10 @@ pub enum Command {
     /// Exit 0 if the local server answers `/readyz` with 200 (for container
     /// health checks; needs no curl in the image).
     Healthcheck(HealthcheckConfig),
+    /// Upgrade the server of a systemd unit in place and wait for the
+    /// outcome: its `ExecReload=`, so that `systemctl reload` returns once
+    /// the new process serves and fails when it does not come up.
+    Reload(ReloadConfig),
 }
 
 /// How the server runs and how it shuts down.
@@ -254,6 +258,24 @@ fn parse_positive_duration(value: &str) -> Result<Duration, String> {
     }
 }
 
+/// Options of `lameduck reload`: `ExecReload=/usr/local/bin/lameduck
+/// reload` in a `Type=notify` unit with a `RuntimeDirectory=` (systemd sets
+/// `$MAINPID` and `$RUNTIME_DIRECTORY` for the command; a
+/// `Type=notify-reload` unit, systemd 253 and later, needs no
+/// `ExecReload=`).
+#[derive(Clone, Debug, Args)]
+pub struct ReloadConfig {
+    /// The unit's main process, which gets the SIGHUP (systemd sets
+    /// `MAINPID` for `ExecReload=`).
+    #[arg(long, env = "MAINPID", value_name = "PID")]
+    pub pid: u32,
+
+    /// How long to wait for the new process to serve, or the old one to
+    /// report that it did not.
+    #[arg(long, default_value = "45s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub timeout: Duration,
+}
+
 /// Options of `lameduck healthcheck`.
 #[derive(Clone, Debug, Args)]
 pub struct HealthcheckConfig {
@@ -285,7 +307,7 @@ mod tests {
         let argv = [crate::NAME, "server"].iter().chain(args);
         match Cli::try_parse_from(argv)?.command {
             Command::Server(config) => Ok(config),
-            Command::Healthcheck(_) => unreachable!("parsed the server subcommand"),
+            _ => unreachable!("parsed the server subcommand"),
         }
     }
 

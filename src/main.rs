@@ -23,6 +23,17 @@ use lameduck::{healthcheck, telemetry, App, NAME};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // Started by an in-place upgrade under systemd only to start the new
+    // server detached: before anything else.
+    if let Some(detached) = handoff::detach() {
+        return match detached {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("{NAME}: cannot start the new process detached: {error}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => return usage_error(&error),
@@ -62,6 +73,19 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("{NAME} healthcheck: {}", error_chain(&error));
+                ExitCode::FAILURE
+            }
+        },
+        Command::Reload(config) => match handoff::reload::reload(config.pid, config.timeout) {
+            Ok(pid) => {
+                println!(
+                    "{NAME} reload: upgraded in place, pid {} → pid {pid}",
+                    config.pid
+                );
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("{NAME} reload: {}", error_chain(&error));
                 ExitCode::FAILURE
             }
         },

@@ -212,6 +212,7 @@ impl<L: Listener, S: HttpService> Serve<L, S> {
             handoff::notify_stopping();
         });
         let admin = admin.map(|task| AbortOnDropHandle::new(tokio::spawn(task)));
+        let predecessor = tokio::spawn(handoff::predecessor_gone());
         handoff::notify_ready();
 
         let drain = serve(self.listener, self.service, &shutdown, self.config).await;
@@ -227,6 +228,11 @@ impl<L: Listener, S: HttpService> Serve<L, S> {
         // or once its grace has run out.
         if let Some(admin) = admin.filter(|_| !stop.forced) {
             let _ = tokio::time::timeout(ADMIN_CLOSE_GRACE, admin).await;
+        }
+        // A successor's predecessor may still drain; a service manager that
+        // sees this process gone would stop it mid-drain.
+        if !stop.forced {
+            handoff::wait_for_predecessor(predecessor).await;
         }
         Report {
             drain,

@@ -42,6 +42,17 @@ const NAME: &str = env!("CARGO_PKG_NAME");
 use crate::exit::Exit;
 
 fn main() -> ExitCode {
+    // Started by an in-place upgrade under systemd only to start the new
+    // server detached: before anything else.
+    if let Some(detached) = handoff::detach() {
+        return match detached {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("{NAME}: cannot start the new process detached: {error}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => return usage_error(&error),
@@ -80,6 +91,18 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Reload(config) => {
+            match handoff::reload::reload(config.pid, config.timeout) {
+                Ok(pid) => {
+                    println!("{NAME} reload: upgraded in place, pid {} → pid {pid}", config.pid);
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("{NAME} reload: {}", error_chain(&error));
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }
 

@@ -16,6 +16,10 @@
 #            root, nobody and nonroot (65532), no shell; USER 65532
 #   haproxy  $HAPROXY_TAG: Debian bookworm (minbase) with haproxy, for the
 #            load balancer in tests/container.rs; not a Dockerfile base
+#   systemd  $SYSTEMD_TAG: Debian bookworm (minbase) with systemd 252 as
+#            PID 1, dbus and nss-systemd (as a standard install has them),
+#            for tests/systemd.rs: the unit files run under a real service
+#            manager; not a Dockerfile base
 #   all      all of the above
 #
 # Each image is made with `debootstrap --variant=minbase` from the Debian
@@ -39,6 +43,7 @@ set -euo pipefail
 BUILDER_TAG="${BUILDER_TAG:-rust:1.95-slim-bookworm}"
 RUNTIME_TAG="${RUNTIME_TAG:-gcr.io/distroless/cc-debian12:nonroot}"
 HAPROXY_TAG="${HAPROXY_TAG:-stand-in/haproxy:bookworm}"
+SYSTEMD_TAG="${SYSTEMD_TAG:-stand-in/systemd:bookworm}"
 
 readonly SUITE=bookworm
 readonly PROG=docker-base-images
@@ -67,8 +72,8 @@ for arg in "$@"; do
         exit 0
         ;;
     -f | --force) force=1 ;;
-    all) images+=(builder runtime haproxy) ;;
-    builder | runtime | haproxy) images+=("$arg") ;;
+    all) images+=(builder runtime haproxy systemd) ;;
+    builder | runtime | haproxy | systemd) images+=("$arg") ;;
     *)
         usage >&2
         die "unknown argument '$arg'"
@@ -113,6 +118,7 @@ tag_of() {
     builder) echo "$BUILDER_TAG" ;;
     runtime) echo "$RUNTIME_TAG" ;;
     haproxy) echo "$HAPROXY_TAG" ;;
+    systemd) echo "$SYSTEMD_TAG" ;;
     esac
 }
 
@@ -383,6 +389,30 @@ make_haproxy() {
         --change "CMD [\"-W\", \"-db\", \"-f\", \"/usr/local/etc/haproxy/haproxy.cfg\"]"
     rm -rf "$root"
     say "made $HAPROXY_TAG (haproxy $(chroot "$src" haproxy -v 2>/dev/null | awk 'NR == 1 {print $3}'), stand-in)"
+}
+
+# --- systemd -----------------------------------------------------------------
+
+make_systemd() {
+    local root="$WORK_DIR/systemd-image" unit
+    bootstrap systemd ca-certificates,dbus,libnss-systemd,systemd,systemd-sysv
+    rm -rf "$root"
+    cp -a "$WORK_DIR/systemd" "$root"
+    # Nothing in a container for these to do; left on, they fail and clutter
+    # the journal (no hardware, no consoles, no kernel modules to load).
+    for unit in systemd-udevd.service systemd-udev-trigger.service getty.target \
+        systemd-modules-load.service systemd-remount-fs.service console-getty.service; do
+        ln -sf /dev/null "$root/etc/systemd/system/$unit"
+    done
+    # Run as `docker run --cap-add SYS_ADMIN --cgroupns=host
+    # -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock
+    # --stop-signal SIGRTMIN+3 IMAGE`: systemd as PID 1, stopped by its halt
+    # signal (`docker import` cannot set STOPSIGNAL).
+    import_root "$root" "$SYSTEMD_TAG" \
+        --change "ENV container=docker" \
+        --change "CMD [\"/lib/systemd/systemd\"]"
+    rm -rf "$root"
+    say "made $SYSTEMD_TAG (systemd $(chroot "$WORK_DIR/systemd" systemctl --version 2>/dev/null | awk 'NR == 1 {print $2}'), stand-in)"
 }
 
 for image in "${todo[@]}"; do

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use axum::Router;
 use prometheus_client::registry::Registry;
+use tracing::Instrument;
 
 use crate::config::ServerConfig;
 use crate::http::lifecycle_metrics::LifecycleCollector;
@@ -24,6 +25,7 @@ use crate::links::live::LiveHits;
 use crate::links::spill::{self, ReplayError};
 use crate::listen::{self, ListenAddr, PublicListener, Socket};
 use crate::storage::{self, Storage, StorageError, StorageMetrics};
+use crate::telemetry::traces::TRACE_FLUSH_BUDGET;
 use crate::tls::reload::{run_reloader, RELOAD_POLL_INTERVAL};
 use crate::tls::{self as tls, CertStore, TlsAcceptor, TlsError, TlsMetrics};
 
@@ -53,11 +55,16 @@ pub const FINALIZE_BUDGET: Duration = FLUSHER_STOP_BUDGET
 
 /// The longest a clean-up can take from the first signal to exit: lame
 /// duck + drain timeout + the deadline's cleanup grace + stopping workers
-/// and running finalizers. A supervisor's grace period (Kubernetes'
-/// `terminationGracePeriodSeconds`) must be longer, or it kills the process
-/// mid-drain.
+/// and running finalizers (with traces on, their flush too). A supervisor's
+/// grace period (Kubernetes' `terminationGracePeriodSeconds`) must be
+/// longer, or it kills the process mid-drain.
 pub fn shutdown_budget(config: &ServerConfig) -> Duration {
-    config.drain_delay + config.shutdown_timeout + DEADLINE_CLEANUP_GRACE + FINALIZE_BUDGET
+    let traces = if config.otlp.enabled() {
+        TRACE_FLUSH_BUDGET
+    } else {
+        Duration::ZERO
+    };
+    config.drain_delay + config.shutdown_timeout + DEADLINE_CLEANUP_GRACE + FINALIZE_BUDGET + traces
 }
 
 /// Why the service could not start.
@@ -270,11 +277,15 @@ impl App {
         workers.on_shutdown("final hit flush", FINAL_FLUSH_BUDGET, {
             let (hits, storage) = (hits.clone(), storage.clone());
             let spill_dir = spill_dir.clone();
-            move || async move {
-                let outcome =
-                    hits::final_flush(&hits, &storage, &spill_dir, FINAL_FLUSH_BUDGET).await?;
-                tracing::info!(target: LOG_TARGET, ?outcome, "final hit flush");
-                Ok(())
+            move || {
+                let flush = async move {
+                    let outcome =
+                        hits::final_flush(&hits, &storage, &spill_dir, FINAL_FLUSH_BUDGET).await?;
+                    tracing::info!(target: LOG_TARGET, ?outcome, "final hit flush");
+                    Ok(())
+                };
+                // A span of its own (with traces on), linked to no request.
+                flush.instrument(crate::traced_span!(parent: None, "final hit flush"))
             }
         });
         // A second signal skips the final flush: the hits go to disk

@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::http::HttpLimits;
 use crate::lifecycle::ServeConfig;
 use crate::listen::ListenAddr;
+pub use crate::telemetry::traces::OtlpConfig;
 pub use crate::telemetry::LogFormat;
 use crate::tls::TlsFiles;
 
@@ -201,6 +202,10 @@ pub struct ServerConfig {
     /// database misbehaves" measures both.
     #[arg(long, env = "LAMEDUCK_READINESS_FOLLOWS_DATABASE")]
     pub readiness_follows_database: bool,
+
+    /// Traces, exported over OTLP when an endpoint is set.
+    #[command(flatten)]
+    pub otlp: OtlpConfig,
 }
 
 impl ServerConfig {

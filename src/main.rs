@@ -12,6 +12,7 @@ use std::path::Path;
 
 use lameduck::lifecycle::handoff::{self, Successor};
 use lameduck::lifecycle::{error_chain, Lifecycle, LOG_TARGET};
+use lameduck::telemetry::traces::{self, Traces};
 use lameduck::{healthcheck, telemetry, App, NAME};
 
 /// mimalloc instead of the system allocator: a request makes a few dozen
@@ -40,20 +41,9 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Server(config) => {
-            telemetry::init(config.log_format);
-            // Fault injection for the ways-out tests (`FAILPOINTS=…`); not
-            // compiled into a normal build.
-            #[cfg(feature = "failpoints")]
-            let _failpoints = fail::FailScenario::setup();
             // Before any thread starts: this clears LISTEN_FDS from the
             // environment.
-            let inherited = match handoff::inherited_listeners() {
-                Ok(inherited) => inherited,
-                Err(error) => {
-                    tracing::error!(%error, "an inherited socket is neither a TCP nor a Unix stream listener");
-                    return Exit::Startup.into();
-                }
-            };
+            let inherited = handoff::inherited_listeners();
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -64,7 +54,41 @@ fn main() -> ExitCode {
                     return Exit::Startup.into();
                 }
             };
-            let exit = runtime.block_on(server(config, inherited));
+            // Inside the runtime: the gRPC exporter's channel lives on it.
+            let traces = runtime.block_on(async { Traces::start(&config.otlp) });
+            let traces = match traces {
+                Ok(traces) => traces,
+                Err(error) => {
+                    telemetry::init(config.log_format, None);
+                    tracing::error!("traces: {}", error_chain(&error));
+                    return Exit::Usage.into();
+                }
+            };
+            telemetry::init(config.log_format, traces.as_ref());
+            if let Some(traces) = &traces {
+                traces.log_started();
+            }
+            // Fault injection for the ways-out tests (`FAILPOINTS=…`); not
+            // compiled into a normal build.
+            #[cfg(feature = "failpoints")]
+            let _failpoints = fail::FailScenario::setup();
+            let inherited = match inherited {
+                Ok(inherited) => inherited,
+                Err(error) => {
+                    tracing::error!(%error, "an inherited socket is neither a TCP nor a Unix stream listener");
+                    return Exit::Startup.into();
+                }
+            };
+            let exit = runtime.block_on(async {
+                let exit = server(config, inherited, traces.clone()).await;
+                // A run flushes its traces as its last finalizer; a start
+                // that failed has none, and its spans (a spill replay's)
+                // are flushed here.
+                if let (Exit::Startup | Exit::Usage, Some(traces)) = (exit, traces) {
+                    let _ = traces.flush().await;
+                }
+                exit
+            });
             // Anything still running was abandoned on purpose; do not wait.
             runtime.shutdown_background();
             exit.into()
@@ -92,7 +116,11 @@ fn main() -> ExitCode {
     }
 }
 
-async fn server(config: ServerConfig, inherited: handoff::Listeners) -> Exit {
+async fn server(
+    config: ServerConfig,
+    inherited: handoff::Listeners,
+    traces: Option<Traces>,
+) -> Exit {
     // Handlers first: from here on a signal is queued, not fatal.
     let lifecycle = match Lifecycle::new().with_signals() {
         Ok(lifecycle) => lifecycle,
@@ -101,13 +129,16 @@ async fn server(config: ServerConfig, inherited: handoff::Listeners) -> Exit {
             return Exit::Startup;
         }
     };
-    let lifecycle = match Successor::current().and_then(|s| lifecycle.with_upgrade(s)) {
+    let mut lifecycle = match Successor::current().and_then(|s| lifecycle.with_upgrade(s)) {
         Ok(lifecycle) => lifecycle,
         Err(error) => {
             tracing::error!(%error, "in-place upgrade unavailable (SIGHUP handler or own binary)");
             return Exit::Startup;
         }
     };
+    if let Some(traces) = traces {
+        flush_traces_last(&mut lifecycle, traces);
+    }
     let pid_file = config.pid_file.clone();
     let app = match App::build_on(config, lifecycle, inherited).await {
         Ok(app) => app,
@@ -136,6 +167,23 @@ async fn server(config: ServerConfig, inherited: handoff::Listeners) -> Exit {
     let exit = Exit::from_run(&report);
     summarize(&report, exit);
     exit
+}
+
+/// Registers the flush of the traces before anything else, so that it runs
+/// after every other finalizer (and force hook), and the spans of their work
+/// go with it.
+fn flush_traces_last(lifecycle: &mut Lifecycle, traces: Traces) {
+    let watch = lifecycle.watch().clone();
+    tokio::spawn(async move {
+        watch.abandoned().await;
+        traces::open::abandoning();
+    });
+    let workers = lifecycle.workers();
+    workers.on_shutdown("flush traces", traces::TRACE_FLUSH_BUDGET, {
+        let traces = traces.clone();
+        move || traces.flush()
+    });
+    workers.on_force("flush traces", move || traces.flush_now());
 }
 
 /// Writes this process's pid, atomically.

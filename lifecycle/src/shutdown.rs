@@ -336,8 +336,9 @@ impl Watch {
     }
 
     /// Resolves when the connections still open must be dropped (after the
-    /// deadline's grace, or on a forced shutdown).
-    pub(crate) fn abandoned(&self) -> WaitForCancellationFuture<'_> {
+    /// deadline's grace, or on a forced shutdown): from then on, a request
+    /// that ends unanswered was given up by the server, not by its client.
+    pub fn abandoned(&self) -> WaitForCancellationFuture<'_> {
         self.timeline.abandon.cancelled()
     }
 }

@@ -16,7 +16,8 @@
 //!    request; echoed on the response;
 //! 2. the span `request` (method, route, request id), around the request
 //!    and its response body, made when something inside first needs it
-//!    ([`RequestSpan`]);
+//!    ([`RequestSpan`]) — or, with traces on, at once: the request's server
+//!    span, continuing the caller's `traceparent`;
 //! 3. metrics: count and latency by route and status class;
 //! 4. the Host check (400);
 //! 5. JSON error bodies: an error answer that is not JSON gets one;
@@ -210,7 +211,7 @@ where
         let request_id = steps.request_id.then(|| request_id(&mut request));
         let route = request.extensions().get::<MatchedPath>().cloned();
         let span = if steps.span {
-            RequestSpan::new(request.method(), route.as_ref(), request_id.as_ref())
+            RequestSpan::for_request(&request, route.as_ref(), request_id.as_ref())
         } else {
             RequestSpan::none()
         };

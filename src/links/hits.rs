@@ -32,6 +32,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::batch::new_batch_id;
 pub use super::batch::{Batch, Hits};
@@ -279,6 +280,8 @@ impl HitCounter {
         if hits == 0 {
             return Ok(None);
         }
+        let span = crate::traced_span!("spill pending hits", hits);
+        let _in_span = span.enter();
         let metrics = &self.inner.metrics;
         match spill::write(dir, &batches) {
             Ok(path) => {
@@ -295,6 +298,7 @@ impl HitCounter {
                     source,
                 };
                 tracing::error!(hits, path = %dir.display(), error = %crate::lifecycle::error_chain(&failed), "hits lost: the spill file cannot be written");
+                crate::telemetry::traces::fail(&span, "spill_failed", &failed);
                 Err(failed)
             }
         }
@@ -381,6 +385,27 @@ impl HitCounter {
         let _one_at_a_time = inner.flush_lock.lock().await;
         self.seal();
         let batches = lock(&inner.unconfirmed).batches.clone();
+        if batches.is_empty() {
+            return Ok(0);
+        }
+        // A span of its own (with traces on): the flusher's, or a child of
+        // the final flush's.
+        let span = crate::traced_span!(
+            "hit flush",
+            batches = batches.len(),
+            hits = batches.iter().map(Batch::total).sum::<u64>(),
+        );
+        self.flush_batches(batches, storage).instrument(span).await
+    }
+
+    /// Applies `batches` in order, each exactly once; stops at the first
+    /// that fails.
+    async fn flush_batches(
+        &self,
+        batches: Vec<Batch>,
+        storage: &Storage,
+    ) -> Result<u64, StorageError> {
+        let inner = &*self.inner;
         let mut flushed = 0;
         for batch in batches {
             let started = Instant::now();

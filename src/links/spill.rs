@@ -24,6 +24,7 @@ use std::time::Duration;
 use rand::distr::{Alphanumeric, SampleString};
 
 use serde::{Deserialize, Serialize};
+use tracing::Instrument;
 
 use super::batch::Batch;
 use crate::storage::{Storage, StorageError};
@@ -186,12 +187,34 @@ fn remove_if_present(path: &Path) -> io::Result<()> {
 /// # Errors
 /// A [`ReplayError`]; files not yet applied stay for the next start.
 pub async fn replay(dir: &Path, storage: &Storage) -> Result<Replayed, ReplayError> {
+    let files = pending(dir).map_err(|source| ReplayError::File {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    if files.is_empty() {
+        return Ok(Replayed::default());
+    }
+    // A span of its own (with traces on), linked to no request.
+    let span = crate::traced_span!(parent: None, "spill replay", files = files.len());
+    let replayed = apply(dir, files, storage).instrument(span.clone()).await;
+    if let Err(error) = &replayed {
+        crate::telemetry::traces::fail(&span, "replay_failed", error);
+    }
+    replayed
+}
+
+/// Applies the spill `files` found in `dir`, in order.
+async fn apply(
+    dir: &Path,
+    files: Vec<PathBuf>,
+    storage: &Storage,
+) -> Result<Replayed, ReplayError> {
     let file_error = |path: &Path| {
         let path = path.display().to_string();
         move |source| ReplayError::File { path, source }
     };
     let mut replayed = Replayed::default();
-    for path in pending(dir).map_err(file_error(dir))? {
+    for path in files {
         let bytes = match fs::read(&path) {
             Ok(bytes) => bytes,
             Err(error) if error.kind() == io::ErrorKind::NotFound => continue,

@@ -28,6 +28,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::Any;
 use sqlx::{AnyConnection, AnyPool, ConnectOptions, Connection, Executor, Row};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 pub use health::{run_health_probe, DatabaseHealth, DatabaseState};
 
@@ -63,6 +64,24 @@ pub enum Backend {
     Sqlite,
     /// PostgreSQL server.
     Postgres,
+}
+
+impl Backend {
+    /// Its name in OpenTelemetry's conventions (`db.system.name`).
+    pub fn system_name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgresql",
+        }
+    }
+}
+
+/// Marks `span` failed if `result` is an error.
+fn traced<T>(span: &tracing::Span, result: Result<T, StorageError>) -> Result<T, StorageError> {
+    if let Err(error) = &result {
+        crate::telemetry::traces::fail(span, error.kind(), error);
+    }
+    result
 }
 
 /// Errors at the storage boundary.
@@ -135,6 +154,23 @@ pub(crate) enum Verdict {
 }
 
 impl StorageError {
+    /// A short, fixed name for the error's kind (a span's `error.type`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StorageError::UnsupportedUrl(_) => "unsupported_url",
+            StorageError::DataDir { .. } => "data_dir",
+            StorageError::Connect { .. } => "connect",
+            StorageError::Migrate(_) => "migrate",
+            StorageError::Conflict => "conflict",
+            StorageError::Cancelled => "cancelled",
+            StorageError::Busy => "busy",
+            StorageError::Unavailable(_) => "unavailable",
+            StorageError::Down => "down",
+            StorageError::Closed => "closed",
+            StorageError::Query(_) => "query",
+        }
+    }
+
     pub(crate) fn verdict(&self) -> Verdict {
         match self {
             StorageError::Conflict | StorageError::Query(_) => Verdict::Answered,
@@ -446,13 +482,32 @@ impl Storage {
     }
 
     /// Runs `call` if the breaker allows it ([`StorageError::Down`] at once
-    /// otherwise), and notes what its outcome says of the database.
+    /// otherwise), and notes what its outcome says of the database. With
+    /// traces on, the call is a span, `summary` its name.
     async fn call<T>(
         &self,
+        summary: &'static str,
         call: impl Future<Output = Result<T, StorageError>>,
     ) -> Result<T, StorageError> {
-        self.health.admit()?;
-        self.health.observe(call.await)
+        let span = self.span(summary);
+        let result = match self.health.admit() {
+            Ok(()) => self.health.observe(call.instrument(span.clone()).await),
+            Err(refused) => Err(refused),
+        };
+        traced(&span, result)
+    }
+
+    /// A database call's span, as OpenTelemetry's conventions describe it
+    /// (`summary`: the operation and the table, `SELECT links`); none with
+    /// traces off.
+    fn span(&self, summary: &'static str) -> tracing::Span {
+        crate::traced_span!(
+            "database",
+            otel.name = summary,
+            otel.kind = "client",
+            db.system.name = self.backend.system_name(),
+            db.query.summary = summary,
+        )
     }
 
     /// Which database runs.
@@ -499,7 +554,8 @@ impl Storage {
         link: &StoredLink,
         token: &CancellationToken,
     ) -> Result<(), StorageError> {
-        self.call(self.insert_link_inner(link, token)).await
+        self.call("INSERT links", self.insert_link_inner(link, token))
+            .await
     }
 
     async fn insert_link_inner(
@@ -551,7 +607,7 @@ impl Storage {
     /// # Errors
     /// The database error.
     pub async fn find_link(&self, code: &str) -> Result<Option<StoredLink>, StorageError> {
-        self.call(self.find_link_inner(code)).await
+        self.call("SELECT links", self.find_link_inner(code)).await
     }
 
     async fn find_link_inner(&self, code: &str) -> Result<Option<StoredLink>, StorageError> {
@@ -578,8 +634,8 @@ impl Storage {
         if batch_ids.is_empty() {
             return Ok(self.find_link(code).await?.map(|link| (link, Vec::new())));
         }
-        self.call(self.find_link_and_batches_inner(code, batch_ids))
-            .await
+        let find = self.find_link_and_batches_inner(code, batch_ids);
+        self.call("SELECT links", find).await
     }
 
     async fn find_link_and_batches_inner(
@@ -637,8 +693,11 @@ impl Storage {
         batch_id: &str,
         hits: &[(String, u64)],
     ) -> Result<bool, StorageError> {
-        self.health
-            .observe(self.apply_hits_inner(batch_id, hits).await)
+        let span = self.span("UPDATE links");
+        let applied = self
+            .apply_hits_inner(batch_id, hits)
+            .instrument(span.clone());
+        self.health.observe(traced(&span, applied.await))
     }
 
     async fn apply_hits_inner(

@@ -18,10 +18,13 @@
 //! an OpenTelemetry exporter) would see only the requests that logged: a
 //! service that needs either builds its subscriber without `LazySpans`, and
 //! gets every request's span made up front.
+//!
+//! With traces on ([`traces`]) the span is made up front: the request's
+//! [`ServerSpan`], exported, with `trace_id` beside the request id.
 
 use std::cell::Cell;
 
-use axum::extract::MatchedPath;
+use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderValue, Method};
 use tracing::level_filters::LevelFilter;
 use tracing::span::{Attributes, Id, Record};
@@ -31,6 +34,8 @@ use tracing_core::callsite::DefaultCallsite;
 use tracing_core::field::FieldSet;
 use tracing_core::metadata::Kind;
 use tracing_core::span::Current;
+
+use super::traces::{self, ServerSpan};
 
 /// The `request` span's callsite: one for every request, made by hand
 /// rather than by `info_span!`, which cannot be used while the subscriber
@@ -68,6 +73,34 @@ enum Slot {
     /// Boxed: the slot moves into the thread and back at every poll.
     Pending(Box<Fields>),
     Made(Made),
+    /// Traces are on: a server span.
+    Traced(Box<ServerSpan>),
+}
+
+impl Slot {
+    fn enter(&self) {
+        match self {
+            Slot::Made(span) => span.enter(),
+            Slot::Traced(traced) => {
+                traced
+                    .span()
+                    .with_subscriber(|(id, dispatch)| dispatch.enter(id));
+            }
+            Slot::Empty | Slot::Pending(_) => {}
+        }
+    }
+
+    fn exit(&self) {
+        match self {
+            Slot::Made(span) => span.exit(),
+            Slot::Traced(traced) => {
+                traced
+                    .span()
+                    .with_subscriber(|(id, dispatch)| dispatch.exit(id));
+            }
+            Slot::Empty | Slot::Pending(_) => {}
+        }
+    }
 }
 
 /// The fields of a request span not made yet, and the subscriber to make
@@ -189,6 +222,35 @@ impl RequestSpan {
         }
     }
 
+    /// The span of `request`, on `route`, carrying `request_id`: with
+    /// traces on, its server span ([`traces`]); otherwise as
+    /// [`RequestSpan::new`] makes it.
+    pub fn for_request(
+        request: &Request,
+        route: Option<&MatchedPath>,
+        request_id: Option<&HeaderValue>,
+    ) -> RequestSpan {
+        if traces::enabled() {
+            RequestSpan::traced(request, route, request_id)
+        } else {
+            RequestSpan::new(request.method(), route, request_id)
+        }
+    }
+
+    /// The server span ([`ServerSpan`]).
+    fn traced(
+        request: &Request,
+        route: Option<&MatchedPath>,
+        request_id: Option<&HeaderValue>,
+    ) -> RequestSpan {
+        let route = route.map(MatchedPath::as_str);
+        let id = request_id.and_then(|id| id.to_str().ok());
+        match ServerSpan::new(request, route, id) {
+            Some(span) => RequestSpan(Slot::Traced(Box::new(span))),
+            None => RequestSpan::none(),
+        }
+    }
+
     /// No span at all.
     pub fn none() -> RequestSpan {
         RequestSpan(Slot::Made(Made::none()))
@@ -205,9 +267,7 @@ impl RequestSpan {
         let slot = std::mem::take(&mut self.0);
         // Entering makes the span of a request polled around this one first
         // (`LazySpans::enter`), so that this one's is its child.
-        if let Slot::Made(span) = &slot {
-            span.enter();
-        }
+        slot.enter();
         let Ok(mut outer) = POLLED.try_with(|polled| polled.replace(slot)) else {
             // The thread is ending and its locals are gone: run unscoped.
             return f();
@@ -242,9 +302,7 @@ impl Drop for Restore<'_> {
     fn drop(&mut self) {
         let outer = std::mem::take(&mut self.outer);
         if let Ok(mine) = POLLED.try_with(|polled| polled.replace(outer)) {
-            if let Slot::Made(span) = &mine {
-                span.exit();
-            }
+            mine.exit();
             *self.into = mine;
         }
     }
@@ -271,6 +329,7 @@ pub fn record_answer(status: u16, latency_ms: f64) {
                 dispatch.record(id, &Record::new(&fields.value_set(&entries)));
             }
         }
+        Slot::Traced(traced) => traced.answer(status, latency_ms),
         Slot::Made(_) | Slot::Empty => {}
     });
 }

@@ -1,0 +1,401 @@
+//! Traces: every request's span, and the service's own work, exported over
+//! OTLP to a collector — off unless an endpoint is configured, and flushed
+//! on every way out.
+//!
+//! On: `OTEL_EXPORTER_OTLP_ENDPOINT` (or `--otlp-endpoint`), or the traces
+//! endpoint alone. The OpenTelemetry SDK reads the other standard variables
+//! itself: `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`,
+//! `OTEL_EXPORTER_OTLP_HEADERS`, `…_TIMEOUT` and `…_COMPRESSION`,
+//! `OTEL_TRACES_SAMPLER` and its argument, the batch processor's
+//! `OTEL_BSP_*`. Off, nothing here runs: no exporter, no thread, and a
+//! request's span stays the lazy one of [`super::request_span`].
+//!
+//! Spans end in the SDK's batch processor, which exports them from a thread
+//! of its own. At exit that batch is what a process loses, so:
+//! - [`Traces::flush`] is the last finalizer (registered first): it runs
+//!   after the final hit flush, whose span it then carries, ends the spans
+//!   of requests still open with an error ([`open`]), and waits for the
+//!   export on a thread of its own for at most [`TRACE_FLUSH_BUDGET`] —
+//!   a collector that is down or slow costs that, and a warning that
+//!   counts what was dropped, never the exit code or a hang;
+//! - after a second signal, [`Traces::flush_now`] (a force hook, the last)
+//!   gives the export [`TRACE_FORCE_FLUSH_BUDGET`], no more.
+
+mod count;
+pub mod fields;
+pub mod open;
+mod parent;
+pub mod server;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::KeyValue;
+use opentelemetry_otlp::{SpanExporter, WithExportConfig};
+use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider};
+use opentelemetry_sdk::Resource;
+use tracing::Subscriber;
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
+
+use count::{Counted, Counts};
+use lameduck_lifecycle::{BoxError, LOG_TARGET};
+pub use parent::parent_context;
+pub use server::ServerSpan;
+
+/// How long the last finalizer may take to export the spans still in the
+/// batch, the final flush's among them. Counted in
+/// the shutdown budget when traces are on.
+pub const TRACE_FLUSH_BUDGET: Duration = Duration::from_secs(2);
+
+/// How long the export may take after a second signal: the operator asked
+/// for an exit now, and a collector on the node or in the cluster answers
+/// in milliseconds.
+pub const TRACE_FORCE_FLUSH_BUDGET: Duration = Duration::from_millis(500);
+
+/// What is kept back from a budget for logging the outcome.
+const MARGIN: Duration = Duration::from_millis(100);
+
+/// `true` once traces are exported: what makes the spans that exist only
+/// for traces (database calls, background work) and the request span's
+/// trace fields.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// `true` if this process exports traces.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// An `INFO` span, as `tracing::info_span!` makes it, when traces are
+/// exported; [`tracing::Span::none`] otherwise. For the spans that exist for
+/// traces only (a database call, a flush): with traces off they cost one
+/// branch, change no log line, and do not make a request's lazy span.
+#[macro_export]
+macro_rules! traced_span {
+    ($($span:tt)*) => {
+        if $crate::telemetry::traces::enabled() {
+            ::tracing::info_span!($($span)*)
+        } else {
+            ::tracing::Span::none()
+        }
+    };
+}
+
+/// Marks `span` failed, saying why (no-op on [`tracing::Span::none`]).
+pub fn fail(span: &tracing::Span, kind: &str, error: &dyn std::fmt::Display) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    if span.is_none() {
+        return;
+    }
+    span.set_attribute("error.type", kind.to_owned());
+    span.set_status(opentelemetry::trace::Status::error(error.to_string()));
+}
+
+/// The OTLP transport, as `OTEL_EXPORTER_OTLP_PROTOCOL` names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum OtlpProtocol {
+    /// OTLP/gRPC (a collector's port 4317).
+    #[value(name = "grpc")]
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies (port 4318): the specification's
+    /// default.
+    #[default]
+    #[value(name = "http/protobuf")]
+    HttpProtobuf,
+}
+
+/// Where traces go; the standard variables, and flags of the same meaning.
+#[derive(Clone, Debug, Default, Args)]
+pub struct OtlpConfig {
+    /// Export traces over OTLP to this collector (`http://collector:4318`;
+    /// `/v1/traces` is added for HTTP). Off when unset. The other standard
+    /// `OTEL_*` variables apply: service name, headers, sampler, batching.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<url::Url>,
+
+    /// The traces endpoint itself, used as given (no path added); wins over
+    /// `--otlp-endpoint`.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", value_name = "URL")]
+    pub otlp_traces_endpoint: Option<url::Url>,
+
+    /// The OTLP transport.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_PROTOCOL",
+        value_enum,
+        default_value_t,
+        value_name = "PROTOCOL"
+    )]
+    pub otlp_protocol: OtlpProtocol,
+}
+
+impl OtlpConfig {
+    /// `true` if an endpoint is set: traces are exported.
+    pub fn enabled(&self) -> bool {
+        self.otlp_endpoint.is_some() || self.otlp_traces_endpoint.is_some()
+    }
+
+    /// The URL the exporter sends to.
+    fn traces_url(&self, protocol: OtlpProtocol) -> Option<String> {
+        if let Some(url) = &self.otlp_traces_endpoint {
+            return Some(url.to_string());
+        }
+        let base = self.otlp_endpoint.as_ref()?.as_str().trim_end_matches('/');
+        Some(match protocol {
+            OtlpProtocol::Grpc => base.to_owned(),
+            OtlpProtocol::HttpProtobuf => format!("{base}/v1/traces"),
+        })
+    }
+}
+
+/// The trace exporter could not be made (an endpoint the exporter refuses,
+/// an invalid header): a configuration error, exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot export traces to {url}: {source}")]
+pub struct TracesError {
+    url: String,
+    #[source]
+    source: opentelemetry_otlp::ExporterBuildError,
+}
+
+/// The running trace pipeline: the SDK's provider, and the count of spans
+/// ended and exported. Cloning is cheap.
+#[derive(Clone, Debug)]
+pub struct Traces {
+    provider: SdkTracerProvider,
+    counts: Arc<Counts>,
+    url: String,
+    protocol: OtlpProtocol,
+}
+
+impl Traces {
+    /// Starts exporting as `config` says, or returns `None` if it names no
+    /// endpoint. Call with the runtime entered: the gRPC exporter's channel
+    /// lives on it.
+    ///
+    /// # Errors
+    /// [`TracesError`] if the exporter cannot be made.
+    pub fn start(config: &OtlpConfig) -> Result<Option<Traces>, TracesError> {
+        let protocol = config.otlp_protocol;
+        let Some(url) = config.traces_url(protocol) else {
+            return Ok(None);
+        };
+        let exporter = match protocol {
+            OtlpProtocol::Grpc => SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(&url)
+                .build(),
+            OtlpProtocol::HttpProtobuf => {
+                // The HTTP client's TLS: rustls, with the provider the
+                // service's own TLS uses.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                SpanExporter::builder()
+                    .with_http()
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_endpoint(&url)
+                    .build()
+            }
+        };
+        let exporter = exporter.map_err(|source| TracesError {
+            url: url.clone(),
+            source,
+        })?;
+        let counts = Arc::new(Counts::default());
+        let batch = BatchSpanProcessor::builder(Counted::exporter(exporter, &counts)).build();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(Counted::processor(batch, &counts))
+            .with_resource(resource())
+            .build();
+        ENABLED.store(true, Ordering::Relaxed);
+        Ok(Some(Traces {
+            provider,
+            counts,
+            url,
+            protocol,
+        }))
+    }
+
+    /// Says where the traces go: logged once logging is set up.
+    pub fn log_started(&self) {
+        let protocol = self.protocol.to_possible_value();
+        let protocol = protocol.as_ref().map_or("", |value| value.get_name());
+        tracing::info!(url = %self.url, protocol, "exporting traces");
+    }
+
+    /// The layer that turns `tracing` spans into OpenTelemetry spans: those
+    /// at `INFO` and above, whatever `RUST_LOG` lets the logs show.
+    pub fn layer<S>(&self) -> impl Layer<S> + Send + Sync + 'static
+    where
+        S: Subscriber + for<'span> LookupSpan<'span> + Send + Sync,
+    {
+        tracing_opentelemetry::layer()
+            .with_tracer(self.provider.tracer(env!("CARGO_CRATE_NAME")))
+            .with_tracked_inactivity(false)
+            .with_threads(false)
+            .with_filter(LevelFilter::INFO)
+    }
+
+    /// The last finalizer: ends the spans of requests still open, then
+    /// exports what the batch holds, for at most [`TRACE_FLUSH_BUDGET`]
+    /// (less a margin, so that the lifecycle never has to abandon it).
+    /// What the collector did not take is logged, not failed: traces are
+    /// not worth an exit code.
+    ///
+    /// # Errors
+    /// None: the signature is a finalizer's.
+    pub async fn flush(self) -> Result<(), BoxError> {
+        let ended = open::end_all(open::STILL_RUNNING);
+        let wait = TRACE_FLUSH_BUDGET.saturating_sub(MARGIN);
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        let provider = self.provider.clone();
+        // Its own thread: the SDK's flush blocks until the batch thread
+        // answers, and the gRPC exporter needs this runtime meanwhile.
+        let flushing = std::thread::Builder::new()
+            .name("trace flush".into())
+            .spawn(move || {
+                let _ = sender.send(provider.force_flush());
+            });
+        let outcome = match flushing {
+            Ok(_) => match tokio::time::timeout(wait, receiver).await {
+                Ok(Ok(Ok(()))) => Ok(()),
+                Ok(Ok(Err(error))) => Err(error.to_string()),
+                Ok(Err(_gone)) => Err("the flush thread ended without an answer".into()),
+                Err(_elapsed) => Err(format!("the collector did not answer within {wait:?}")),
+            },
+            Err(error) => Err(format!("cannot start the flush thread: {error}")),
+        };
+        self.report(outcome, ended);
+        Ok(())
+    }
+
+    /// The force hook: the same export, for at most
+    /// [`TRACE_FORCE_FLUSH_BUDGET`], blocking the caller meanwhile.
+    ///
+    /// # Errors
+    /// None: the signature is a force hook's.
+    pub fn flush_now(self) -> Result<(), BoxError> {
+        let ended = open::end_all(open::FORCED);
+        let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+        let provider = self.provider.clone();
+        let flushing = std::thread::Builder::new()
+            .name("trace flush".into())
+            .spawn(move || {
+                let _ = sender.send(provider.force_flush());
+            });
+        let outcome = match flushing {
+            Ok(_) => match receiver.recv_timeout(TRACE_FORCE_FLUSH_BUDGET) {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(error)) => Err(error.to_string()),
+                Err(_) => Err(format!(
+                    "the collector did not answer within {TRACE_FORCE_FLUSH_BUDGET:?}"
+                )),
+            },
+            Err(error) => Err(format!("cannot start the flush thread: {error}")),
+        };
+        self.report(outcome, ended);
+        Ok(())
+    }
+
+    /// One line: what was exported, and what was dropped and why.
+    fn report(&self, outcome: Result<(), String>, ended_open: usize) {
+        let (ended, exported) = self.counts.snapshot();
+        let dropped = ended.saturating_sub(exported);
+        match outcome {
+            Ok(()) if dropped == 0 => tracing::info!(
+                target: LOG_TARGET,
+                spans_exported = exported,
+                requests_ended_open = ended_open,
+                "traces flushed"
+            ),
+            Ok(()) => tracing::warn!(
+                target: LOG_TARGET,
+                spans_exported = exported,
+                spans_dropped = dropped,
+                requests_ended_open = ended_open,
+                "traces flushed, but the collector did not take every span"
+            ),
+            Err(error) => tracing::warn!(
+                target: LOG_TARGET,
+                spans_exported = exported,
+                spans_dropped = dropped,
+                requests_ended_open = ended_open,
+                %error,
+                "traces not flushed; spans dropped"
+            ),
+        }
+    }
+}
+
+/// The service as the collector sees it: `service.name` from the standard
+/// variables, or the package's name; its version.
+fn resource() -> Resource {
+    let service_name = opentelemetry::Key::from_static_str("service.name");
+    let detected = Resource::builder().build();
+    let named = detected
+        .get(&service_name)
+        .is_some_and(|name| !name.as_str().starts_with("unknown_service"));
+    let builder = if named {
+        Resource::builder()
+    } else {
+        Resource::builder().with_service_name(env!("CARGO_PKG_NAME"))
+    };
+    builder
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::config::{Cli, Command};
+
+    fn otlp(args: &[&str]) -> OtlpConfig {
+        let argv = [env!("CARGO_PKG_NAME"), "server"].iter().chain(args);
+        match Cli::try_parse_from(argv).expect("parses").command {
+            Command::Server(config) => config.otlp,
+            _ => unreachable!("parsed the server subcommand"),
+        }
+    }
+
+    #[test]
+    fn off_without_an_endpoint() {
+        assert!(!otlp(&[]).enabled());
+    }
+
+    // The standard variables' meaning: the general endpoint is a base to
+    // which HTTP adds the signal's path; the traces endpoint is used as is.
+    #[test]
+    fn the_endpoint_is_resolved_as_the_specification_says() {
+        let base = otlp(&["--otlp-endpoint", "http://collector:4318/"]);
+        let url = base.traces_url(OtlpProtocol::HttpProtobuf);
+        assert_eq!(url.as_deref(), Some("http://collector:4318/v1/traces"));
+        let url = base.traces_url(OtlpProtocol::Grpc);
+        assert_eq!(url.as_deref(), Some("http://collector:4318"));
+        let both = otlp(&[
+            "--otlp-endpoint",
+            "http://collector:4318",
+            "--otlp-traces-endpoint",
+            "https://traces.example/ingest",
+        ]);
+        let url = both.traces_url(OtlpProtocol::HttpProtobuf);
+        assert_eq!(url.as_deref(), Some("https://traces.example/ingest"));
+    }
+
+    #[test]
+    fn a_protocol_the_service_does_not_speak_is_refused() {
+        let argv = [
+            env!("CARGO_PKG_NAME"),
+            "server",
+            "--otlp-protocol",
+            "http/json",
+        ];
+        let error = Cli::try_parse_from(argv).expect_err("refused");
+        assert!(error.to_string().contains("--otlp-protocol"), "{error}");
+    }
+}

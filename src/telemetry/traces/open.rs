@@ -1,0 +1,110 @@
+//! The server spans of requests not finished yet, so that none is left
+//! without an end.
+//!
+//! A span is exported when it ends, and a request's ends when its future is
+//! dropped. Work the shutdown gives up on is not always dropped before the
+//! process exits: an HTTP/2 stream runs on a task of its own, work handed
+//! to `RequestScope::run` holds the span too, and the runtime is shut down
+//! without waiting for them. Their spans would never be exported — exactly
+//! the requests an operator looks for after a deploy. So every request's
+//! span is listed here while it is open, and the last finalizer ends those
+//! left, with an error status saying why ([`end_all`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use opentelemetry::trace::{Status, TraceContextExt};
+use opentelemetry::{Context, KeyValue};
+
+/// Why a span still open at the last flush ends in error.
+pub const STILL_RUNNING: &str = "abandoned: still running when the process exited";
+
+/// Why a span still open after a second signal ends in error.
+pub const FORCED: &str = "abandoned: the shutdown was forced";
+
+/// Why a request dropped unanswered after the lifecycle gave up on its
+/// connection ends in error.
+pub const ABANDONED: &str = "abandoned: the shutdown deadline passed";
+
+/// Why a request dropped unanswered before that ends in error.
+pub const CLIENT_WENT_AWAY: &str = "cancelled: the client went away before the answer";
+
+/// The open spans, by registration number.
+static OPEN: Mutex<Option<HashMap<u64, Context>>> = Mutex::new(None);
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// Set once the lifecycle has abandoned the remaining requests.
+static ABANDONING: AtomicBool = AtomicBool::new(false);
+
+fn open() -> MutexGuard<'static, Option<HashMap<u64, Context>>> {
+    // A panic while the map was held left it whole: each operation is one
+    // insert or remove.
+    OPEN.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Tells the spans of requests dropped unanswered from now on that the
+/// server gave up on them (see `Watch::abandoned`).
+pub fn abandoning() {
+    ABANDONING.store(true, Ordering::Relaxed);
+}
+
+/// A request's span, listed while open.
+#[derive(Debug)]
+pub struct Registration {
+    number: u64,
+    context: Context,
+}
+
+impl Registration {
+    /// Lists the span of `context`.
+    pub fn new(context: Context) -> Registration {
+        let number = NEXT.fetch_add(1, Ordering::Relaxed);
+        open()
+            .get_or_insert_with(HashMap::new)
+            .insert(number, context.clone());
+        Registration { number, context }
+    }
+
+    /// The span's context: its trace and span ids.
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
+    /// Ends the span now, unless [`end_all`] did; one that got no answer
+    /// ends in error.
+    pub fn end(self, answered: bool) {
+        let listed = open().as_mut().and_then(|open| open.remove(&self.number));
+        let Some(context) = listed else {
+            return;
+        };
+        if !answered {
+            let why = if ABANDONING.load(Ordering::Relaxed) {
+                ABANDONED
+            } else {
+                CLIENT_WENT_AWAY
+            };
+            fail(&context, why);
+        }
+        context.span().end();
+    }
+}
+
+/// Ends every span still open with an error status saying `why`, and says
+/// how many there were.
+pub fn end_all(why: &'static str) -> usize {
+    let left = open().take().unwrap_or_default();
+    for context in left.values() {
+        fail(context, why);
+        context.span().end();
+    }
+    left.len()
+}
+
+fn fail(context: &Context, why: &'static str) {
+    let span = context.span();
+    let kind = why.split(':').next().unwrap_or(why);
+    span.set_attribute(KeyValue::new("error.type", kind));
+    span.set_status(Status::error(why));
+}

@@ -3,7 +3,8 @@
 //! The Kubernetes Deployment's container environment is parsed by the
 //! server's own command line parser (each `LAMEDUCK_*` variable turned into
 //! the flag that reads it), and what comes out is checked against the
-//! manifest: the grace period outlasts the server's shutdown budget, the
+//! manifest: the grace period outlasts the server's shutdown budget (traces
+//! exported, the worst case; the systemd unit's `TimeoutStopSec` too), the
 //! probes ask the right paths on the port the server listens on, rollouts
 //! never drop below the replica count, and the pod runs locked down.
 //! The Dockerfile and the base-image script are checked against each other
@@ -240,9 +241,10 @@ fn grace_period_outlasts_the_shutdown_budget() {
         &deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"],
         "terminationGracePeriodSeconds",
     ));
-    let budget = lameduck::app::shutdown_budget(&config);
+    // The worst case: with traces exported, as the manifest shows how to.
+    let budget = lameduck::app::shutdown_budget(&with_traces(config.clone()));
     println!(
-        "drain delay {:?} + shutdown timeout {:?} -> shutdown budget {budget:?}; grace period {grace:?}",
+        "drain delay {:?} + shutdown timeout {:?} -> shutdown budget {budget:?} (traces on); grace period {grace:?}",
         config.drain_delay, config.shutdown_timeout
     );
     assert!(
@@ -258,6 +260,59 @@ fn grace_period_outlasts_the_shutdown_budget() {
     assert!(
         config.shutdown_timeout > Duration::ZERO,
         "LAMEDUCK_SHUTDOWN_TIMEOUT must leave in-flight requests some time"
+    );
+}
+
+/// `config` with traces exported: their flush adds to the shutdown budget.
+fn with_traces(mut config: ServerConfig) -> ServerConfig {
+    let endpoint = "http://collector:4318".parse().expect("a URL");
+    config.otlp.otlp_endpoint = Some(endpoint);
+    config
+}
+
+// systemd SIGKILLs what is left at TimeoutStopSec: the unit's must outlast
+// the shutdown budget of the server its environment configures, traces on.
+#[test]
+fn the_systemd_unit_stops_after_the_shutdown_budget() {
+    let unit = read(&repo().join("deploy/systemd/lameduck.service"));
+    let mut argv = vec!["lameduck".to_owned(), "server".to_owned()];
+    let command = Cli::command();
+    let server = command
+        .find_subcommand("server")
+        .expect("lameduck has a server subcommand");
+    let mut timeout = None;
+    for line in unit.lines().map(str::trim) {
+        if let Some(value) = line.strip_prefix("TimeoutStopSec=") {
+            timeout = Some(humantime::parse_duration(value).expect("TimeoutStopSec is a duration"));
+        }
+        let Some((name, value)) = line
+            .strip_prefix("Environment=")
+            .and_then(|assignment| assignment.split_once('='))
+        else {
+            continue;
+        };
+        if let Some(arg) = server
+            .get_arguments()
+            .find(|arg| arg.get_env().is_some_and(|env| env == name))
+        {
+            let flag = arg.get_long().expect("every option has a flag");
+            argv.extend([format!("--{flag}"), value.to_owned()]);
+        }
+    }
+    let config = match Cli::try_parse_from(&argv)
+        .expect("the unit's environment parses")
+        .command
+    {
+        Command::Server(config) => config,
+        other => panic!("{argv:?} parsed as {other:?}"),
+    };
+    let timeout = timeout.expect("the unit sets TimeoutStopSec");
+    let budget = lameduck::app::shutdown_budget(&with_traces(config));
+    println!("shutdown budget {budget:?} (traces on); TimeoutStopSec {timeout:?}");
+    assert!(
+        timeout > budget + GRACE_MARGIN,
+        "TimeoutStopSec ({timeout:?}) must exceed the server's shutdown budget ({budget:?}) \
+         by more than {GRACE_MARGIN:?}, or systemd kills it mid-drain"
     );
 }
 

@@ -2,5 +2,6 @@
 //! with `mod support;`.
 
 pub mod binary;
+pub mod otlp;
 pub mod postgres;
 pub mod tls;

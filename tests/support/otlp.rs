@@ -1,0 +1,465 @@
+//! An OTLP collector inside the test process, for the trace tests: a real
+//! OTLP/gRPC or OTLP/HTTP (protobuf) server built from the OpenTelemetry
+//! protocol's own definitions, which records the spans a real exporter sends.
+//!
+//! [`Receiver::start`] binds `127.0.0.1:0` before it returns (an exporter may
+//! connect at once: the kernel queues the connection until the server
+//! accepts it) and serves on a thread of its own with its own tokio runtime,
+//! so it works the same under a synchronous `#[test]` driving a child process
+//! and under an async one. Dropping it stops the runtime, and with it every
+//! connection.
+//!
+//! What arrives is decoded into plain values ([`ReceivedSpan`]), so a test
+//! asserts on names, ids, kinds, statuses and attributes, never on prost
+//! types. [`Behaviour::Slow`] makes a collector that holds every export;
+//! [`unused_endpoint`] is one that is down.
+//!
+//! Every wait here is bounded.
+
+// Each test binary uses a different part of this module, and `pub` here means
+// "for the tests", not "exported".
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode as HttpStatus};
+use axum::response::{IntoResponse, Response};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
+use prost::Message;
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+/// The only body OTLP/HTTP requests here may carry (OTLP/JSON is refused).
+const PROTOBUF: &str = "application/x-protobuf";
+
+/// How long dropping a [`Receiver`] waits for its thread to end.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The OTLP transports, as `OTEL_EXPORTER_OTLP_PROTOCOL` names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/gRPC (HTTP/2, cleartext here).
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies, `POST /v1/traces`.
+    HttpProtobuf,
+}
+
+impl Protocol {
+    /// The value of `OTEL_EXPORTER_OTLP_PROTOCOL` that selects it.
+    pub fn env_value(&self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::HttpProtobuf => "http/protobuf",
+        }
+    }
+}
+
+/// How the receiver answers an export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Behaviour {
+    /// At once, with success.
+    Answer,
+    /// With success after holding the export this long. Its spans are
+    /// recorded only when it is answered: an exporter that gave up first
+    /// closes its stream or connection, the server drops the held handler,
+    /// and the export shows in [`Receiver::requests`] but never in
+    /// [`Receiver::spans`] or [`Receiver::exports`].
+    Slow(Duration),
+}
+
+/// A span's kind and its status code: the protocol's own enums, plain ones.
+pub use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, status::StatusCode};
+
+/// One span as received, with what its resource and scope said about it.
+/// Attribute values are JSON: strings, booleans, integers (`as_i64`),
+/// doubles (`as_f64`), arrays and maps as such, bytes as lowercase hex.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReceivedSpan {
+    /// 32 lowercase hex digits.
+    pub trace_id: String,
+    /// 16 lowercase hex digits.
+    pub span_id: String,
+    /// `None` for a root span.
+    pub parent_span_id: Option<String>,
+    pub name: String,
+    /// An unknown kind or code reads as `Unspecified` or `Unset`.
+    pub kind: SpanKind,
+    pub status_code: StatusCode,
+    pub status_message: String,
+    pub attributes: BTreeMap<String, Value>,
+    pub events: Vec<ReceivedEvent>,
+    pub start_unix_nanos: u64,
+    pub end_unix_nanos: u64,
+    /// The resource's `service.name`.
+    pub service_name: Option<String>,
+    /// Every attribute of the resource.
+    pub resource: BTreeMap<String, Value>,
+    /// The instrumentation scope (the tracer's name).
+    pub scope_name: String,
+}
+
+/// An event of a span (what the `tracing` bridge makes of a log line).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReceivedEvent {
+    pub name: String,
+    pub attributes: BTreeMap<String, Value>,
+}
+
+impl ReceivedSpan {
+    /// A string attribute.
+    pub fn attr_str(&self, key: &str) -> Option<&str> {
+        self.attributes.get(key).and_then(Value::as_str)
+    }
+
+    /// An integer attribute.
+    pub fn attr_i64(&self, key: &str) -> Option<i64> {
+        self.attributes.get(key).and_then(Value::as_i64)
+    }
+
+    /// A boolean attribute.
+    pub fn attr_bool(&self, key: &str) -> Option<bool> {
+        self.attributes.get(key).and_then(Value::as_bool)
+    }
+}
+
+/// The env vars that point a child's OTLP exporter at `endpoint` over
+/// `protocol`, with a batch delay short enough that spans arrive while the
+/// child runs (the SDK's default is 5 s).
+pub fn envs(protocol: Protocol, endpoint: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.to_owned()),
+        (
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            protocol.env_value().to_owned(),
+        ),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
+    ]
+}
+
+/// An endpoint where nothing listens: a collector that is down. The port was
+/// free a moment ago; another process could take it, but not while a test
+/// on loopback runs for a few seconds, in practice.
+pub fn unused_endpoint() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a port to find a free one");
+    let addr = listener
+        .local_addr()
+        .expect("a bound listener has an address");
+    format!("http://{addr}")
+}
+
+/// An OTLP trace collector serving on loopback until dropped.
+pub struct Receiver {
+    protocol: Protocol,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Receiver {
+    /// Starts a receiver speaking `protocol` on `127.0.0.1:0`.
+    pub fn start(protocol: Protocol, behaviour: Behaviour) -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the receiver's listener");
+        let addr = listener
+            .local_addr()
+            .expect("a bound listener has an address");
+        listener
+            .set_nonblocking(true)
+            .expect("tokio needs a non-blocking listener");
+        // Built here rather than on its thread, so that a failure shows in the test.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("build the receiver's runtime");
+        let shared = Arc::new(Shared::default());
+        let sink = Sink {
+            shared: Arc::clone(&shared),
+            behaviour,
+        };
+        let (stop, stopped) = oneshot::channel();
+        let serve = move || {
+            runtime.block_on(async move {
+                tokio::select! {
+                    served = serve(listener, protocol, sink) => if let Err(e) = served {
+                        eprintln!("the OTLP receiver on {addr} failed: {e}");
+                    },
+                    _ = stopped => {}
+                }
+            });
+            // The runtime drops here, and every connection with it, held
+            // exports included: a stopped collector answers nothing.
+        };
+        let thread = thread::Builder::new()
+            .name(format!("otlp-receiver-{}", addr.port()))
+            .spawn(serve)
+            .expect("spawn the receiver's thread");
+        Receiver {
+            protocol,
+            addr,
+            shared,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`, the value of `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// What to give an exporter's `with_endpoint`. The SDK's HTTP exporter
+    /// appends `/v1/traces` to `OTEL_EXPORTER_OTLP_ENDPOINT` only; an
+    /// endpoint set in code is the full URL.
+    pub fn exporter_endpoint(&self) -> String {
+        match self.protocol {
+            Protocol::Grpc => self.endpoint(),
+            Protocol::HttpProtobuf => format!("{}/v1/traces", self.endpoint()),
+        }
+    }
+
+    /// The env vars a test passes to a child to export here ([`envs`]).
+    pub fn envs(&self) -> Vec<(&'static str, String)> {
+        envs(self.protocol, &self.endpoint())
+    }
+
+    /// Every span recorded so far, in arrival order.
+    pub fn spans(&self) -> Vec<ReceivedSpan> {
+        self.shared.lock().spans.clone()
+    }
+
+    /// Export requests answered (and recorded).
+    pub fn exports(&self) -> usize {
+        self.shared.lock().exports
+    }
+
+    /// Export requests that arrived and decoded, answered or not.
+    pub fn requests(&self) -> usize {
+        self.shared.lock().requests
+    }
+
+    /// Waits up to `timeout` until `pred` holds for the spans recorded so
+    /// far, and returns them; on timeout, returns what there is, for the
+    /// caller's assertion to show.
+    pub fn wait_for(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&[ReceivedSpan]) -> bool,
+    ) -> Vec<ReceivedSpan> {
+        let deadline = Instant::now() + timeout;
+        let mut collected = self.shared.lock();
+        while !pred(&collected.spans) {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            collected = self
+                .shared
+                .grew
+                .wait_timeout(collected, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        collected.spans.clone()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        // The server may have ended on its own (it said why on stderr).
+        let _ = self.stop.take().map(|stop| stop.send(()));
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while !thread.is_finished() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        if !thread.is_finished() {
+            eprintln!(
+                "the OTLP receiver on {} still runs after {STOP_TIMEOUT:?}; left behind",
+                self.addr
+            );
+        } else if thread.join().is_err() && !thread::panicking() {
+            panic!("the OTLP receiver on {} panicked", self.addr);
+        }
+    }
+}
+
+async fn serve(listener: TcpListener, protocol: Protocol, sink: Sink) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
+    match protocol {
+        Protocol::Grpc => tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(sink))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .await
+            .map_err(|e| e.to_string()),
+        Protocol::HttpProtobuf => {
+            let app = axum::Router::new()
+                .route("/v1/traces", axum::routing::post(http_export))
+                .with_state(sink);
+            axum::serve(listener, app).await.map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// What the server's handlers share with the [`Receiver`]; `grew` is
+/// notified whenever it changes.
+#[derive(Default)]
+struct Shared {
+    collected: Mutex<Collected>,
+    grew: Condvar,
+}
+
+#[derive(Default)]
+struct Collected {
+    spans: Vec<ReceivedSpan>,
+    requests: usize,
+    exports: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Collected> {
+        // No code holding the lock can panic; recover anyway.
+        self.collected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The handler state of both transports.
+#[derive(Clone)]
+struct Sink {
+    shared: Arc<Shared>,
+    behaviour: Behaviour,
+}
+
+impl Sink {
+    /// Counts `request` on arrival, holds it as told, and records its spans
+    /// as it answers. Dropped while held (the client left), it records nothing.
+    async fn export(&self, request: ExportTraceServiceRequest) {
+        self.shared.lock().requests += 1;
+        self.shared.grew.notify_all();
+        if let Behaviour::Slow(hold) = self.behaviour {
+            tokio::time::sleep(hold).await;
+        }
+        let spans = decode(request);
+        let mut collected = self.shared.lock();
+        collected.spans.extend(spans);
+        collected.exports += 1;
+        drop(collected);
+        self.shared.grew.notify_all();
+    }
+}
+
+#[tonic::async_trait]
+impl TraceService for Sink {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        Sink::export(self, request.into_inner()).await;
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+/// `POST /v1/traces`. OTLP/JSON and compressed bodies are refused with 415,
+/// as a collector that does not speak them would, rather than misread.
+async fn http_export(State(sink): State<Sink>, headers: HeaderMap, body: Bytes) -> Response {
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let media_type = header(header::CONTENT_TYPE).and_then(|v| v.split(';').next());
+    let encoding = header(header::CONTENT_ENCODING).unwrap_or("identity");
+    if media_type.map(str::trim) != Some(PROTOBUF) || encoding != "identity" {
+        let only = "only uncompressed application/x-protobuf";
+        return (HttpStatus::UNSUPPORTED_MEDIA_TYPE, only).into_response();
+    }
+    let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+        return (HttpStatus::BAD_REQUEST, "not an ExportTraceServiceRequest").into_response();
+    };
+    sink.export(request).await;
+    let answer = ExportTraceServiceResponse::default().encode_to_vec();
+    ([(header::CONTENT_TYPE, PROTOBUF)], answer).into_response()
+}
+
+fn decode(request: ExportTraceServiceRequest) -> Vec<ReceivedSpan> {
+    let mut received = Vec::new();
+    for resource_spans in request.resource_spans {
+        let resource = attributes(resource_spans.resource.unwrap_or_default().attributes);
+        let service_name = resource.get("service.name").and_then(Value::as_str);
+        let service_name = service_name.map(str::to_owned);
+        for scope_spans in resource_spans.scope_spans {
+            let scope_name = scope_spans.scope.unwrap_or_default().name;
+            for span in scope_spans.spans {
+                let status = span.status.unwrap_or_default();
+                let events = span.events.into_iter().map(|event| ReceivedEvent {
+                    name: event.name,
+                    attributes: attributes(event.attributes),
+                });
+                received.push(ReceivedSpan {
+                    trace_id: hex(&span.trace_id),
+                    span_id: hex(&span.span_id),
+                    parent_span_id: (!span.parent_span_id.is_empty())
+                        .then(|| hex(&span.parent_span_id)),
+                    name: span.name,
+                    kind: SpanKind::try_from(span.kind).unwrap_or(SpanKind::Unspecified),
+                    status_code: StatusCode::try_from(status.code).unwrap_or(StatusCode::Unset),
+                    status_message: status.message,
+                    attributes: attributes(span.attributes),
+                    events: events.collect(),
+                    start_unix_nanos: span.start_time_unix_nano,
+                    end_unix_nanos: span.end_time_unix_nano,
+                    service_name: service_name.clone(),
+                    resource: resource.clone(),
+                    scope_name: scope_name.clone(),
+                });
+            }
+        }
+    }
+    received
+}
+
+fn attributes(pairs: Vec<KeyValue>) -> BTreeMap<String, Value> {
+    pairs
+        .into_iter()
+        .map(|kv| (kv.key, value(kv.value)))
+        .collect()
+}
+
+fn value(value: Option<AnyValue>) -> Value {
+    match value.and_then(|v| v.value) {
+        Some(Any::StringValue(s)) => Value::String(s),
+        Some(Any::BoolValue(b)) => Value::Bool(b),
+        Some(Any::IntValue(i)) => Value::from(i),
+        // Not finite: null.
+        Some(Any::DoubleValue(d)) => Value::from(d),
+        Some(Any::ArrayValue(a)) => a.values.into_iter().map(|v| self::value(Some(v))).collect(),
+        Some(Any::KvlistValue(l)) => Value::Object(
+            (l.values.into_iter())
+                .map(|kv| (kv.key, self::value(kv.value)))
+                .collect(),
+        ),
+        Some(Any::BytesValue(b)) => Value::String(hex(&b)),
+        // A string table index belongs to the profiles signal, not traces.
+        Some(Any::StringValueStrindex(_)) | None => Value::Null,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -2,18 +2,20 @@
 //! (`support::otlp`): what a process exports over OTLP/gRPC or OTLP/HTTP is
 //! decoded with the protocol's own definitions, then asserted on.
 //!
-//! The tests here first prove the receiver itself against the OpenTelemetry
-//! SDK's own OTLP exporter, built the way a service builds it (batch
-//! processor, both transports): a span arrives with every field intact, an
-//! exporter configured by [`otlp::envs`] alone finds the receiver, a slow
-//! collector holds exports, a down one refuses them, and what the receiver
-//! does not speak is refused.
+//! First the receiver itself, against the OpenTelemetry SDK's own OTLP
+//! exporter: a span arrives with every field intact, a slow collector holds
+//! exports, a down one refuses them, and what the receiver does not speak is
+//! refused. Then the real binary on each way out — SIGTERM idle and with
+//! requests in flight (both transports), the deadline passed, a second
+//! signal, a collector down (both transports) or slow at shutdown: every
+//! request answered before the signal has exactly one server span, in the
+//! caller's trace when it sent a `traceparent`, and the exit keeps to its
+//! budget and its code whatever the collector does.
 
 mod support;
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -23,7 +25,13 @@ use opentelemetry_otlp::{ExporterBuildError, SpanExporter, WithExportConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 
-use support::binary::{self, Process};
+use axum::body::Bytes;
+use http_body_util::Full;
+use hyper::client::conn::http2;
+use hyper::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use nix::sys::signal::Signal::SIGTERM;
+use support::binary::{self, LameduckProcess};
 use support::otlp::{self, Behaviour, Protocol, ReceivedSpan, Receiver};
 
 /// The SDK's default export timeout.
@@ -35,9 +43,6 @@ const ARRIVAL: Duration = Duration::from_secs(10);
 /// The resource's `service.name` and the tracer's name the tests export as.
 const SERVICE: &str = "otlp-receiver-test";
 const SCOPE: &str = "lameduck-tests";
-
-/// Marks the child process of [`exporter_configured_by_envs`].
-const CHILD: &str = "LAMEDUCK_TEST_OTLP_CHILD";
 
 /// The SDK's tracer provider with its OTLP exporter and batch processor. The
 /// tonic exporter's channel spawns onto the runtime current when it is built,
@@ -64,12 +69,6 @@ impl Sdk {
                 .with_timeout(timeout)
                 .build(),
         })
-    }
-
-    /// Exports as the env vars say, transport included, as a service would;
-    /// `protocol` tells only whether the exporter needs a runtime.
-    fn from_env(protocol: Protocol) -> Sdk {
-        Sdk::with_exporter(protocol, || SpanExporter::builder().build())
     }
 
     fn with_exporter(
@@ -167,94 +166,6 @@ fn grpc_receiver_decodes_the_sdk_export() {
 #[test]
 fn http_receiver_decodes_the_sdk_export() {
     sdk_export_is_decoded(Protocol::HttpProtobuf);
-}
-
-/// A child configured by nothing but [`Receiver::envs`] exports to the
-/// receiver while it runs, with no flush: the endpoint (the HTTP exporter
-/// appends `/v1/traces` to it), the protocol and the short batch delay are
-/// what the SDK reads. The child is this test binary, running
-/// [`child_exports_as_the_env_says`].
-fn exporter_configured_by_envs(protocol: Protocol) {
-    let receiver = Receiver::start(protocol, Behaviour::Answer);
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let mut command = Command::new(exe);
-    command.args([
-        "--exact",
-        "child_exports_as_the_env_says",
-        "--ignored",
-        "--nocapture",
-    ]);
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("OTEL_") {
-            command.env_remove(key);
-        }
-    }
-    command.env(CHILD, "1").envs(receiver.envs());
-    let child = Process::spawn(&mut command);
-    // Timed from the span's end, however slowly the child started: well
-    // under the SDK's default batch delay of 5 s.
-    let context = parse_context(&child);
-    let spans = receiver.wait_for(Duration::from_secs(3), |spans| !spans.is_empty());
-    assert!(
-        !spans.is_empty(),
-        "nothing arrived from the child; it wrote:\n{}",
-        child.log_text()
-    );
-    assert_emitted(&spans, "child span", &context);
-    drop(child);
-}
-
-/// The context the child printed, as `trace_id span_id`.
-fn parse_context(child: &Process) -> SpanContext {
-    // The harness may print its own words on the same line first.
-    let line = child.expect_log("emitted ", ARRIVAL);
-    let mut ids = line.split("emitted ").nth(1).unwrap_or_default().split(' ');
-    let mut next = |what| {
-        ids.next()
-            .unwrap_or_else(|| panic!("no {what} in {line:?}"))
-            .to_owned()
-    };
-    let (trace_id, span_id) = (next("trace id"), next("span id"));
-    SpanContext::new(
-        opentelemetry::trace::TraceId::from_hex(&trace_id).expect("a trace id in hex"),
-        opentelemetry::trace::SpanId::from_hex(&span_id).expect("a span id in hex"),
-        opentelemetry::trace::TraceFlags::SAMPLED,
-        false,
-        opentelemetry::trace::TraceState::NONE,
-    )
-}
-
-#[test]
-fn grpc_exporter_configured_by_envs() {
-    exporter_configured_by_envs(Protocol::Grpc);
-}
-
-#[test]
-fn http_exporter_configured_by_envs() {
-    exporter_configured_by_envs(Protocol::HttpProtobuf);
-}
-
-/// The child of [`exporter_configured_by_envs`]: exports as the env says
-/// (the SDK's builder picks the transport from `OTEL_EXPORTER_OTLP_PROTOCOL`
-/// too), then waits to be killed.
-#[test]
-#[ignore = "a child process of the *_exporter_configured_by_envs tests"]
-fn child_exports_as_the_env_says() {
-    if std::env::var_os(CHILD).is_none() {
-        return;
-    }
-    let protocol = match std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL").as_deref() {
-        Ok("grpc") => Protocol::Grpc,
-        Ok("http/protobuf") => Protocol::HttpProtobuf,
-        other => panic!("unexpected OTEL_EXPORTER_OTLP_PROTOCOL: {other:?}"),
-    };
-    let sdk = Sdk::from_env(protocol);
-    let context = sdk.emit("child span");
-    println!("emitted {} {}", context.trace_id(), context.span_id());
-    // Killed by the parent once the span arrived, with nothing flushed; a
-    // bound all the same.
-    thread::sleep(ARRIVAL);
-    drop(sdk);
 }
 
 /// An exporter that gives up before the slow receiver answers fails, and
@@ -381,4 +292,479 @@ fn grpc_unused_endpoint_refuses() {
 #[test]
 fn http_unused_endpoint_refuses() {
     unused_endpoint_refuses(Protocol::HttpProtobuf);
+}
+
+// === The service's traces, on every way out ===
+//
+// Each row runs the real binary with traces on, its batch delay longer than
+// the test (`HELD`): nothing leaves before the exit, so what the receiver
+// has afterwards is what the exit flushed. Every request answered before
+// the signal must then have exactly one server span, carrying the caller's
+// trace when it sent a `traceparent`.
+
+/// A batch delay no row outlasts: spans leave only when flushed.
+const HELD: &str = "600000";
+
+/// How long a row waits for the process to exit after its signal.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The trace flush's budget, as the service defines it.
+const FLUSH_BUDGET: Duration = lameduck::telemetry::traces::TRACE_FLUSH_BUDGET;
+
+/// One request a row sent, and what it should find among the spans.
+#[derive(Debug)]
+struct Sent {
+    /// Its `x-request-id`, which the server keeps.
+    request_id: String,
+    /// The caller's trace and span, when it sent a `traceparent`.
+    parent: Option<(String, String)>,
+    /// The answer's status.
+    status: u16,
+}
+
+/// Random W3C trace and span ids, as a caller would send them.
+fn caller_ids() -> (String, String) {
+    let trace = format!("{:032x}", rand::random::<u128>() | 1);
+    let span = format!("{:016x}", rand::random::<u64>() | 1);
+    (trace, span)
+}
+
+/// Headers of a request with id `id`, and a `traceparent` when `parent`.
+fn headers(id: &str, parent: Option<&(String, String)>) -> String {
+    let mut headers = format!("x-request-id: {id}\r\n");
+    if let Some((trace, span)) = parent {
+        headers.push_str(&format!("traceparent: 00-{trace}-{span}-01\r\n"));
+    }
+    headers
+}
+
+/// The server's environment: traces to `endpoint` over `protocol`, spans
+/// held until the exit, the request lines logged (they carry the trace id).
+fn traced_envs(protocol: Protocol, endpoint: &str) -> Vec<(&'static str, String)> {
+    let mut envs = otlp::envs(protocol, endpoint);
+    for (key, value) in &mut envs {
+        if *key == "OTEL_BSP_SCHEDULE_DELAY" {
+            *value = HELD.to_owned();
+        }
+    }
+    envs.push(("RUST_LOG", "info,lameduck::http=debug".to_owned()));
+    envs
+}
+
+/// `lameduck server ARGS`, traced as [`traced_envs`] says.
+fn start_traced(protocol: Protocol, endpoint: &str, args: &[&str]) -> LameduckProcess {
+    let envs = traced_envs(protocol, endpoint);
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    LameduckProcess::start(args, &envs)
+}
+
+/// The requests a row makes before its signal: a link created, redirects
+/// with and without a caller's trace, a link shown, an unknown route.
+fn answered_requests(server: &LameduckProcess, row: &str) -> Vec<Sent> {
+    let mut sent = Vec::new();
+    let mut send = |method: &str, path: &str, body: Option<&str>, traced: bool| {
+        let request_id = format!("{row}-{}", sent.len());
+        let parent = traced.then(caller_ids);
+        let headers = headers(&request_id, parent.as_ref());
+        let response = binary::request_with(server.addr(), method, path, &headers, body)
+            .unwrap_or_else(|error| panic!("{method} {path}: {error}"));
+        sent.push(Sent {
+            request_id,
+            parent,
+            status: response.status,
+        });
+        response
+    };
+    let created = send("POST", "/api/links", Some(binary::LINK), true);
+    assert_eq!(created.status, 201, "{created:?}");
+    let code = created.json()["code"]
+        .as_str()
+        .expect("the new link's code")
+        .to_owned();
+    for traced in [true, false, true] {
+        let redirect = send("GET", &format!("/{code}"), None, traced);
+        assert_eq!(redirect.status, 307, "{redirect:?}");
+    }
+    assert_eq!(
+        send("GET", &format!("/api/links/{code}"), None, false).status,
+        200
+    );
+    assert_eq!(send("GET", "/no/such/route", None, true).status, 404);
+    sent
+}
+
+/// The server spans of the service's requests among `spans`.
+fn server_spans(spans: &[ReceivedSpan]) -> Vec<&ReceivedSpan> {
+    spans
+        .iter()
+        .filter(|span| span.kind == otlp::SpanKind::Server)
+        .collect()
+}
+
+/// Each of `sent` has exactly one server span, with its answer's status
+/// and, for a request that carried one, the caller's trace as its parent.
+fn assert_each_answered_once(spans: &[ReceivedSpan], sent: &[Sent]) {
+    let servers = server_spans(spans);
+    for request in sent {
+        let mine: Vec<_> = servers
+            .iter()
+            .filter(|span| span.attr_str("request_id") == Some(request.request_id.as_str()))
+            .collect();
+        let [span] = mine.as_slice() else {
+            panic!(
+                "{request:?} has {} server spans, not one; received:\n{spans:#?}",
+                mine.len()
+            );
+        };
+        assert_eq!(
+            span.attr_i64("http.response.status_code"),
+            Some(i64::from(request.status)),
+            "{span:#?}"
+        );
+        if let Some((trace, parent)) = &request.parent {
+            assert_eq!(&span.trace_id, trace, "{span:#?}");
+            assert_eq!(span.parent_span_id.as_ref(), Some(parent), "{span:#?}");
+        } else {
+            assert_eq!(span.parent_span_id, None, "{span:#?}");
+        }
+        let error = span.status_code == otlp::StatusCode::Error;
+        assert_eq!(error, request.status >= 500, "{span:#?}");
+        assert_eq!(
+            span.service_name.as_deref(),
+            Some(env!("CARGO_PKG_NAME")),
+            "{span:#?}"
+        );
+    }
+}
+
+/// Spans named `name`.
+fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
+    spans.iter().filter(|span| span.name == name).collect()
+}
+
+/// A clean stop, idle: every answered request's span, the database call
+/// under the link's creation, the final flush as a root span of its own; the
+/// request lines carry the trace id beside the request id.
+fn sigterm_idle(protocol: Protocol) {
+    let receiver = Receiver::start(protocol, Behaviour::Answer);
+    // The hits wait for the final flush.
+    let args = ["--flush-interval", "600s"];
+    let mut server = start_traced(protocol, &receiver.endpoint(), &args);
+    let sent = answered_requests(&server, "idle");
+    assert_eq!(receiver.requests(), 0, "spans left before the exit flush");
+    server.signal(SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+    let spans = receiver.spans();
+    assert_each_answered_once(&spans, &sent);
+
+    let created = server_spans(&spans)
+        .into_iter()
+        .find(|span| span.name == "POST /api/links")
+        .unwrap_or_else(|| panic!("no span of the creation:\n{spans:#?}"));
+    let insert = named(&spans, "INSERT links");
+    let [insert] = insert.as_slice() else {
+        panic!("one INSERT links span expected:\n{spans:#?}");
+    };
+    assert_eq!(insert.kind, otlp::SpanKind::Client, "{insert:#?}");
+    assert_eq!(insert.trace_id, created.trace_id, "{insert:#?}");
+    assert_eq!(insert.parent_span_id.as_ref(), Some(&created.span_id));
+    assert_eq!(insert.attr_str("db.system.name"), Some("sqlite"));
+    let redirect = named(&spans, "GET /{code}");
+    assert_eq!(redirect.len(), 3, "{spans:#?}");
+    assert_eq!(redirect[0].attr_str("http.route"), Some("/{code}"));
+    assert_eq!(
+        named(&spans, "GET").len(),
+        1,
+        "the 404 is named by its method only"
+    );
+
+    let flushes = named(&spans, "final hit flush");
+    let [flush] = flushes.as_slice() else {
+        panic!("one final hit flush span expected:\n{spans:#?}");
+    };
+    assert_eq!(flush.parent_span_id, None, "{flush:#?}");
+    let applied = named(&spans, "UPDATE links");
+    assert!(
+        applied
+            .iter()
+            .any(|update| update.trace_id == flush.trace_id),
+        "the flush's database call is in its trace:\n{spans:#?}"
+    );
+
+    let log = server.log_text();
+    let (trace, _) = sent[1].parent.as_ref().expect("a traced redirect");
+    let line = log
+        .lines()
+        .find(|line| line.contains("request_id=\"idle-1\""))
+        .unwrap_or_else(|| panic!("no line of request idle-1:\n{log}"));
+    assert!(line.contains(&format!("trace_id={trace}")), "{line}");
+    assert!(!line.contains("otel."), "{line}");
+    assert!(log.contains("traces flushed"), "{log}");
+}
+
+#[test]
+fn grpc_sigterm_idle_exports_every_span() {
+    sigterm_idle(Protocol::Grpc);
+}
+
+#[test]
+fn http_sigterm_idle_exports_every_span() {
+    sigterm_idle(Protocol::HttpProtobuf);
+}
+
+/// A request in flight at the signal, answered during the drain, is
+/// exported with the rest; the JSON log lines carry the trace id beside
+/// the request id.
+fn sigterm_in_flight(protocol: Protocol) {
+    let receiver = Receiver::start(protocol, Behaviour::Answer);
+    let args = ["--log-format", "json"];
+    let mut server = start_traced(protocol, &receiver.endpoint(), &args);
+    let mut sent = answered_requests(&server, "flight");
+    let parent = caller_ids();
+    let id = "flight-held";
+    let mut held = binary::connect(server.addr());
+    binary::begin_slow_post_with(&mut held, binary::LINK, &headers(id, Some(&parent)));
+    server.wait_in_flight(1);
+    server.signal(SIGTERM);
+    server.expect_log("draining", PATIENCE);
+    binary::finish_slow_post(&mut held);
+    let answer = binary::read_response(&mut held).expect("the held request's answer");
+    assert_eq!(answer.status, 201, "{answer:?}");
+    sent.push(Sent {
+        request_id: id.to_owned(),
+        parent: Some(parent),
+        status: answer.status,
+    });
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+    assert_each_answered_once(&receiver.spans(), &sent);
+
+    let (trace, _) = sent[0].parent.as_ref().expect("a traced creation");
+    let line = server
+        .json_log("flight-0")
+        .unwrap_or_else(|| panic!("no JSON line of flight-0:\n{}", server.log_text()));
+    assert_eq!(line["span"]["request_id"], "flight-0", "{line}");
+    assert_eq!(line["span"]["trace_id"], trace.as_str(), "{line}");
+    assert!(line["span"].get("otel.kind").is_none(), "{line}");
+}
+
+#[test]
+fn grpc_sigterm_with_requests_in_flight_exports_every_span() {
+    sigterm_in_flight(Protocol::Grpc);
+}
+
+#[test]
+fn http_sigterm_with_requests_in_flight_exports_every_span() {
+    sigterm_in_flight(Protocol::HttpProtobuf);
+}
+
+/// The deadline passes with a request stalled in flight: the answered ones
+/// are exported, and the abandoned one too, ended in error, not left open.
+#[test]
+fn deadline_passed_ends_the_abandoned_request_in_error() {
+    let protocol = Protocol::Grpc;
+    let receiver = Receiver::start(protocol, Behaviour::Answer);
+    let args = ["--shutdown-timeout", "1s"];
+    let mut server = start_traced(protocol, &receiver.endpoint(), &args);
+    let sent = answered_requests(&server, "deadline");
+    let parent = caller_ids();
+    let mut held = binary::connect(server.addr());
+    binary::begin_slow_post_with(
+        &mut held,
+        binary::LINK,
+        &headers("deadline-held", Some(&parent)),
+    );
+    server.wait_in_flight(1);
+    server.signal(SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 3, "{}", server.log_text());
+    let spans = receiver.spans();
+    assert_each_answered_once(&spans, &sent);
+    let held: Vec<_> = server_spans(&spans)
+        .into_iter()
+        .filter(|span| span.attr_str("request_id") == Some("deadline-held"))
+        .collect();
+    let [held] = held.as_slice() else {
+        panic!("the abandoned request has no single span:\n{spans:#?}");
+    };
+    assert_eq!(held.trace_id, parent.0, "{held:#?}");
+    assert_eq!(held.status_code, otlp::StatusCode::Error, "{held:#?}");
+    let why = lameduck::telemetry::traces::open::ABANDONED;
+    assert_eq!(held.status_message, why, "{held:#?}");
+    assert_eq!(held.attr_str("error.type"), Some("abandoned"), "{held:#?}");
+}
+
+/// Over HTTP/2, with a handler that ignores its cancellation (a fault
+/// injected into link creation): the stream's span ends in error all the
+/// same, and is exported — whether the abandoned stream is dropped, or its
+/// span is still open at the last flush, which ends it.
+#[test]
+fn deadline_passed_over_http2_ends_the_open_stream_in_error() {
+    let protocol = Protocol::Grpc;
+    let receiver = Receiver::start(protocol, Behaviour::Answer);
+    let mut envs = traced_envs(protocol, &receiver.endpoint());
+    envs.push(("FAILPOINTS", "create-link-hangs=return".to_owned()));
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut server = LameduckProcess::start(&["--shutdown-timeout", "1s"], &envs);
+    let parent = caller_ids();
+    let request = Request::post(format!("http://{}/api/links", server.addr()))
+        .header("content-type", "application/json")
+        .header("x-request-id", "h2-held")
+        .header("traceparent", format!("00-{}-{}-01", parent.0, parent.1))
+        .body(Full::new(Bytes::from_static(binary::LINK.as_bytes())))
+        .expect("an HTTP/2 request");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime for the HTTP/2 client");
+    runtime.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(server.addr())
+            .await
+            .expect("connect for HTTP/2");
+        let (mut sender, connection) = http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .expect("HTTP/2 handshake");
+        tokio::spawn(connection);
+        tokio::spawn(async move { sender.send_request(request).await });
+    });
+    // The client's runtime keeps the stream open while the server shuts
+    // down around it.
+    let client = thread::spawn(move || {
+        runtime.block_on(async { tokio::time::sleep(PATIENCE).await });
+    });
+    server.wait_in_flight(1);
+    server.signal(SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 3, "{}", server.log_text());
+    drop(client);
+    let spans = receiver.spans();
+    let held: Vec<_> = server_spans(&spans)
+        .into_iter()
+        .filter(|span| span.attr_str("request_id") == Some("h2-held"))
+        .collect();
+    let [held] = held.as_slice() else {
+        panic!("the abandoned stream has no single span:\n{spans:#?}");
+    };
+    assert_eq!(held.trace_id, parent.0, "{held:#?}");
+    assert_eq!(held.attr_str("network.protocol.version"), Some("2"));
+    assert_eq!(held.status_code, otlp::StatusCode::Error, "{held:#?}");
+    assert!(held.status_message.starts_with("abandoned:"), "{held:#?}");
+}
+
+/// A second signal during the lame duck: the force hooks spill the hits,
+/// then give the export its short budget; every span of the requests
+/// answered before, and the spill's, reach a collector that answers.
+#[test]
+fn second_signal_exports_within_its_short_budget() {
+    let protocol = Protocol::Grpc;
+    let receiver = Receiver::start(protocol, Behaviour::Answer);
+    let args = ["--drain-delay", "30s", "--flush-interval", "600s"];
+    let mut server = start_traced(protocol, &receiver.endpoint(), &args);
+    let sent = answered_requests(&server, "forced");
+    server.signal(SIGTERM);
+    server.expect_log("lame duck", PATIENCE);
+    server.signal(SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 4, "{}", server.log_text());
+    let spans = receiver.spans();
+    assert_each_answered_once(&spans, &sent);
+    let spill = named(&spans, "spill pending hits");
+    assert_eq!(spill.len(), 1, "the force hook's spill:\n{spans:#?}");
+    assert_eq!(spill[0].attr_i64("hits"), Some(3), "{:#?}", spill[0]);
+    assert!(
+        server.log_text().contains("traces flushed"),
+        "{}",
+        server.log_text()
+    );
+}
+
+/// The service stopping on its own terms — a critical worker that panics
+/// (exit 5), a finalizer over its budget (exit 7): the flush still runs
+/// last, and every answered request's span leaves with it.
+fn exits_with_every_span(failpoint: &str, signalled: bool, expected: i32) {
+    let protocol = Protocol::Grpc;
+    let receiver = Receiver::start(protocol, Behaviour::Answer);
+    let mut envs = traced_envs(protocol, &receiver.endpoint());
+    envs.push(("FAILPOINTS", failpoint.to_owned()));
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    // The flusher's first tick, which the panic waits for, after the
+    // requests.
+    let mut server = LameduckProcess::start(&["--flush-interval", "2s"], &envs);
+    let sent = answered_requests(&server, failpoint);
+    if signalled {
+        server.signal(SIGTERM);
+    }
+    assert_eq!(
+        server.exit_code(PATIENCE),
+        expected,
+        "{}",
+        server.log_text()
+    );
+    assert_each_answered_once(&receiver.spans(), &sent);
+    assert!(
+        server.log_text().contains("traces flushed"),
+        "{}",
+        server.log_text()
+    );
+}
+
+#[test]
+fn a_failed_worker_exports_every_span() {
+    exits_with_every_span("hit-flusher=panic", false, 5);
+}
+
+#[test]
+fn a_finalizer_over_its_budget_exports_every_span() {
+    exits_with_every_span("close-database-pool-hangs=return", true, 7);
+}
+
+/// What a row with a collector that does not take the spans sees: the exit
+/// within the flush's budget of the signal (nothing else to wait for), the
+/// exit code of a clean stop, and a warning that counts what was dropped.
+fn assert_dropped_within_budget(server: &mut LameduckProcess) {
+    let signalled = Instant::now();
+    server.signal(SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+    let took = signalled.elapsed();
+    // The drain and the other finalizers take milliseconds here; the rest
+    // is the flush, which must keep to its budget.
+    assert!(
+        took < FLUSH_BUDGET + Duration::from_secs(1),
+        "exit {took:?} after the signal; logs:\n{}",
+        server.log_text()
+    );
+    let warning = server.expect_log("traces not flushed; spans dropped", Duration::ZERO);
+    let dropped = warning
+        .split("spans_dropped=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|count| count.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no spans_dropped count in {warning:?}"));
+    assert!(dropped >= 7, "{warning}");
+}
+
+/// A collector that is down at shutdown costs at most the flush's budget.
+fn collector_down(protocol: Protocol) {
+    let mut server = start_traced(protocol, &otlp::unused_endpoint(), &[]);
+    answered_requests(&server, "down");
+    assert_dropped_within_budget(&mut server);
+}
+
+#[test]
+fn grpc_collector_down_at_shutdown_costs_at_most_the_budget() {
+    collector_down(Protocol::Grpc);
+}
+
+#[test]
+fn http_collector_down_at_shutdown_costs_at_most_the_budget() {
+    collector_down(Protocol::HttpProtobuf);
+}
+
+/// A collector that answers only after the budget: the same, and it never
+/// records the export it held.
+#[test]
+fn collector_slow_at_shutdown_costs_at_most_the_budget() {
+    let protocol = Protocol::Grpc;
+    let receiver = Receiver::start(protocol, Behaviour::Slow(FLUSH_BUDGET * 3));
+    let mut server = start_traced(protocol, &receiver.endpoint(), &[]);
+    answered_requests(&server, "slow");
+    assert_dropped_within_budget(&mut server);
+    assert!(receiver.requests() >= 1, "the export never arrived");
+    assert_eq!(receiver.spans(), []);
 }

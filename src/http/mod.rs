@@ -181,7 +181,8 @@ pub fn operational_routes() -> Router<AppState> {
 
 /// One router of `open` routes and `api` routes, each route wrapped in the
 /// [`Stack`] every request goes through (request id, span, metrics, the
-/// Host check, JSON errors, panics, the request timeout); the API routes
+/// Host check, JSON errors, panics, the request timeout; with traces on,
+/// the `open` routes are left out of them); the API routes
 /// also under [`Admission`] (an announced body over the limit refused
 /// before it is read, the body read before the request takes a slot under
 /// the shared concurrency limit, shedding past it). JSON 404 and 405
@@ -211,7 +212,8 @@ pub fn with_middleware(
             .layer(stack.clone())
             .layer(admission),
     );
-    open.layer(stack.clone())
+    // Probes and scrapes: in the logs, never in the traces.
+    open.layer(stack.untraced())
         .merge(api)
         .fallback(not_found.layer(stack.for_handler()))
         .method_not_allowed_fallback(method_not_allowed.layer(stack.for_handler()))

@@ -117,6 +117,8 @@ pub struct Stack {
     /// ([`Stack::for_handler`]); `None` for a layer over a router's routes,
     /// which gives each route handles of its own.
     handler_route: Option<Arc<OnceLock<RouteMetrics>>>,
+    /// With traces on, whether its requests are exported ([`Stack::untraced`]).
+    traced: bool,
 }
 
 /// What every request's steps share.
@@ -144,6 +146,18 @@ impl Stack {
                 steps: *STEPS.get().unwrap_or(&Steps::ALL),
             }),
             handler_route: None,
+            traced: true,
+        }
+    }
+
+    /// The same stack, its requests never exported as traces (their span
+    /// still carries their log lines): for probes and scrapes, which a
+    /// kubelet or a balancer sends every second or two, and whose spans
+    /// would bury the requests' own.
+    pub fn untraced(&self) -> Stack {
+        Stack {
+            traced: false,
+            ..self.clone()
         }
     }
 
@@ -155,6 +169,7 @@ impl Stack {
         Stack {
             shared: Arc::clone(&self.shared),
             handler_route: Some(Arc::default()),
+            traced: self.traced,
         }
     }
 }
@@ -167,6 +182,7 @@ impl<S> Layer<S> for Stack {
             inner,
             shared: Arc::clone(&self.shared),
             route: self.handler_route.clone().unwrap_or_default(),
+            traced: self.traced,
         }
     }
 }
@@ -179,6 +195,8 @@ pub struct StackService<S> {
     /// This route's metric handles, resolved at its first request and
     /// shared by every clone of the service.
     route: Arc<OnceLock<RouteMetrics>>,
+    /// See [`Stack::untraced`].
+    traced: bool,
 }
 
 impl<S> Service<Request> for StackService<S>
@@ -210,10 +228,12 @@ where
         }
         let request_id = steps.request_id.then(|| request_id(&mut request));
         let route = request.extensions().get::<MatchedPath>().cloned();
-        let span = if steps.span {
-            RequestSpan::for_request(&request, route.as_ref(), request_id.as_ref())
-        } else {
-            RequestSpan::none()
+        let span = match (steps.span, self.traced) {
+            (true, true) => RequestSpan::for_request(&request, route.as_ref(), request_id.as_ref()),
+            (true, false) => {
+                RequestSpan::new(request.method(), route.as_ref(), request_id.as_ref())
+            }
+            (false, _) => RequestSpan::none(),
         };
         let host_problem = steps
             .host_check

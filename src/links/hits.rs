@@ -40,6 +40,7 @@ use super::shard::ShardPicker;
 use super::spill;
 use crate::lifecycle::BoxError;
 use crate::storage::{Storage, StorageError, StoredLink};
+use crate::telemetry::traces;
 
 /// Shards of the in-memory counts: a redirect locks one shard for a map
 /// update, so concurrent redirects rarely contend and never on one lock.
@@ -280,7 +281,7 @@ impl HitCounter {
         if hits == 0 {
             return Ok(None);
         }
-        let span = crate::traced_span!("spill pending hits", hits);
+        let span = crate::traced_span!("spill pending hits", hits = traces::count(hits));
         let _in_span = span.enter();
         let metrics = &self.inner.metrics;
         match spill::write(dir, &batches) {
@@ -392,8 +393,8 @@ impl HitCounter {
         // the final flush's.
         let span = crate::traced_span!(
             "hit flush",
-            batches = batches.len(),
-            hits = batches.iter().map(Batch::total).sum::<u64>(),
+            batches = traces::count(batches.len()),
+            hits = traces::count(batches.iter().map(Batch::total).sum::<u64>()),
         );
         self.flush_batches(batches, storage).instrument(span).await
     }

@@ -91,6 +91,13 @@ async fn create(
     payload: Result<Json<CreateLink>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(payload) = payload?;
+    // Fault injection for the trace tests: a handler that ignores its
+    // cancellation and never answers, as code stuck in a call that cannot
+    // be cancelled would.
+    #[cfg(feature = "failpoints")]
+    if fail::eval("create-link-hangs", |_| ()).is_some() {
+        std::future::pending::<()>().await;
+    }
     let url = validate::url(&payload.url).map_err(ApiError::BadRequest)?;
     let custom = payload
         .code

@@ -195,7 +195,11 @@ pub async fn replay(dir: &Path, storage: &Storage) -> Result<Replayed, ReplayErr
         return Ok(Replayed::default());
     }
     // A span of its own (with traces on), linked to no request.
-    let span = crate::traced_span!(parent: None, "spill replay", files = files.len());
+    let span = crate::traced_span!(
+        parent: None,
+        "spill replay",
+        files = crate::telemetry::traces::count(files.len())
+    );
     let replayed = apply(dir, files, storage).instrument(span.clone()).await;
     if let Err(error) = &replayed {
         crate::telemetry::traces::fail(&span, "replay_failed", error);

@@ -9,6 +9,7 @@ pub mod traces;
 use std::io::IsTerminal;
 
 use clap::ValueEnum;
+use tracing_subscriber::filter::{filter_fn, FilterExt};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
@@ -23,6 +24,13 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// What the trace exporter takes: [`Traces::FILTER`], less the request spans
+/// of routes left out of traces (probes, scrapes: `Stack::untraced`), which
+/// are made with the logs' own callsite.
+fn exported<S>() -> impl tracing_subscriber::layer::Filter<S> {
+    Traces::FILTER.and(filter_fn(|metadata| !request_span::is_logs_only(metadata)))
 }
 
 /// The log lines' layer, for a subscriber of any shape.
@@ -54,7 +62,9 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
                 .fmt_fields(traces::fields::TextFields)
                 .with_filter(filter);
             let registry = tracing_subscriber::registry().with(logs);
-            registry.with(traces.layer()).try_init()
+            registry
+                .with(traces.layer().with_filter(exported()))
+                .try_init()
         }
         (Some(traces), LogFormat::Json) => {
             let json = text_layer()
@@ -62,7 +72,9 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
                 .flatten_event(true)
                 .fmt_fields(traces::fields::JsonFields);
             let registry = tracing_subscriber::registry().with(json.with_filter(filter));
-            registry.with(traces.layer()).try_init()
+            registry
+                .with(traces.layer().with_filter(exported()))
+                .try_init()
         }
     };
 }

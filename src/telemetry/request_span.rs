@@ -59,6 +59,13 @@ static META: Metadata<'static> = Metadata::new(
     Kind::SPAN,
 );
 
+/// `true` for the `request` span's own callsite: a span for the logs only,
+/// never exported (with traces on, requests that are traced get a
+/// [`ServerSpan`] instead).
+pub fn is_logs_only(metadata: &Metadata<'_>) -> bool {
+    metadata.callsite() == META.callsite()
+}
+
 thread_local! {
     /// The span of the request being polled on this thread, while it is
     /// polled (see [`RequestSpan::in_scope`]).

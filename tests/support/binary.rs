@@ -312,7 +312,7 @@ impl LameduckProcess {
     /// Adds `--listen 127.0.0.1:0` and `--data-dir <fresh temporary
     /// directory>` unless `args` (or `envs`, for the listen address) set
     /// them. The child gets `RUST_LOG=info` unless `envs` sets it, and none
-    /// of the test's own `LAMEDUCK_*` or `DATABASE_URL` variables.
+    /// of the test's own `LAMEDUCK_*`, `OTEL_*` or `DATABASE_URL` variables.
     ///
     /// # Panics
     /// With everything the child wrote, if it does not log `listening on
@@ -460,7 +460,8 @@ fn spawn(exe: &Path, args: &[&str], envs: &[(&str, &str)]) -> (Process, TempDir)
     command.args(args);
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy();
-        if key.starts_with("LAMEDUCK_") || key == "DATABASE_URL" {
+        // `OTEL_*` too: a shell's collector must not catch a test's spans.
+        if key.starts_with("LAMEDUCK_") || key.starts_with("OTEL_") || key == "DATABASE_URL" {
             command.env_remove(&*key);
         }
     }
@@ -732,10 +733,15 @@ pub fn start_slow_post_of(addr: SocketAddr, body: &str) -> TcpStream {
 /// of `body` to any stream (TCP, TLS, a Unix socket): the handler then
 /// waits for the rest, which [`finish_slow_post_of`] sends.
 pub fn begin_slow_post(stream: &mut impl Write, body: &str) {
+    begin_slow_post_with(stream, body, "");
+}
+
+/// [`begin_slow_post`] with more `headers` (`Name: value\r\n` each).
+pub fn begin_slow_post_with(stream: &mut impl Write, body: &str, headers: &str) {
     write!(
         stream,
         "POST /api/links HTTP/1.1\r\nHost: lameduck\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{}",
+         {headers}Content-Length: {}\r\n\r\n{}",
         body.len(),
         &body[..LINK_SPLIT]
     )
@@ -767,6 +773,20 @@ pub fn request(
     path: &str,
     body: Option<&str>,
 ) -> io::Result<RawResponse> {
+    request_with(addr, method, path, "", body)
+}
+
+/// [`request`] with more `headers` (`Name: value\r\n` each).
+///
+/// # Errors
+/// Any I/O error, including a refused connection.
+pub fn request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: Option<&str>,
+) -> io::Result<RawResponse> {
     let mut stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
@@ -774,7 +794,7 @@ pub fn request(
     write!(
         stream,
         "{method} {path} HTTP/1.1\r\nHost: lameduck\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+         Content-Type: application/json\r\n{headers}Content-Length: {}\r\n\r\n{body}",
         body.len()
     )?;
     read_response(&mut stream)

@@ -85,6 +85,13 @@ macro_rules! traced_span {
     };
 }
 
+/// A count as a span field that OpenTelemetry records as a number: its
+/// attributes are signed, and `tracing-opentelemetry` writes an unsigned
+/// field as text.
+pub fn count(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
+}
+
 /// Marks `span` failed, saying why (no-op on [`tracing::Span::none`]).
 pub fn fail(span: &tracing::Span, kind: &str, error: &dyn std::fmt::Display) {
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -226,8 +233,9 @@ impl Traces {
         tracing::info!(url = %self.url, protocol, "exporting traces");
     }
 
-    /// The layer that turns `tracing` spans into OpenTelemetry spans: those
-    /// at `INFO` and above, whatever `RUST_LOG` lets the logs show.
+    /// The layer that turns `tracing` spans into OpenTelemetry spans. Give
+    /// it a filter of its own, [`Traces::FILTER`] at least: what it lets
+    /// through is exported, whatever `RUST_LOG` lets the logs show.
     pub fn layer<S>(&self) -> impl Layer<S> + Send + Sync + 'static
     where
         S: Subscriber + for<'span> LookupSpan<'span> + Send + Sync,
@@ -236,8 +244,10 @@ impl Traces {
             .with_tracer(self.provider.tracer(env!("CARGO_CRATE_NAME")))
             .with_tracked_inactivity(false)
             .with_threads(false)
-            .with_filter(LevelFilter::INFO)
     }
+
+    /// The spans and lines exported: `INFO` and above.
+    pub const FILTER: LevelFilter = LevelFilter::INFO;
 
     /// The last finalizer: ends the spans of requests still open, then
     /// exports what the batch holds, for at most [`TRACE_FLUSH_BUDGET`]

@@ -108,3 +108,66 @@ fn fail(context: &Context, why: &'static str) {
     span.set_attribute(KeyValue::new("error.type", kind));
     span.set_status(Status::error(why));
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry::trace::{Status, Tracer as _, TracerProvider as _};
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SdkTracerProvider, Span, SpanData, SpanProcessor};
+
+    use super::*;
+
+    /// The spans that ended, in order.
+    #[derive(Clone, Debug, Default)]
+    struct Ended(Arc<Mutex<Vec<SpanData>>>);
+
+    impl SpanProcessor for Ended {
+        fn on_start(&self, _span: &mut Span, _cx: &Context) {}
+
+        fn on_end(&self, span: SpanData) {
+            self.0.lock().expect("lock").push(span);
+        }
+
+        fn force_flush(&self) -> OTelSdkResult {
+            Ok(())
+        }
+
+        fn shutdown_with_timeout(&self, _timeout: std::time::Duration) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    // A span ended on its own leaves the list; one still listed at the last
+    // flush is ended there, in error, once — its own end later is a no-op.
+    #[test]
+    fn spans_left_open_are_ended_in_error_once() {
+        let ended = Ended::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(ended.clone())
+            .build();
+        let tracer = provider.tracer("test");
+        let open =
+            |name: &'static str| Registration::new(Context::current_with_span(tracer.start(name)));
+        let answered = open("answered");
+        let left = open("left open");
+        answered.end(true);
+        assert_eq!(end_all(STILL_RUNNING), 1);
+        left.end(true);
+        assert_eq!(end_all(STILL_RUNNING), 0);
+
+        let ended = ended.0.lock().expect("lock");
+        let outcomes: Vec<_> = ended
+            .iter()
+            .map(|span| (span.name.as_ref(), span.status.clone()))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                ("answered", Status::Unset),
+                ("left open", Status::error(STILL_RUNNING)),
+            ]
+        );
+    }
+}

@@ -32,7 +32,8 @@
 //! - [`storage`]: the example's database (SQLite or PostgreSQL), and what
 //!   the service knows of its health.
 //! - [`breaker`]: a circuit breaker, for any dependency.
-//! - [`exit`]: outcomes as exit codes. [`telemetry`]: logging.
+//! - [`exit`]: outcomes as exit codes. [`telemetry`]: logging, and traces
+//!   over OTLP.
 //!   [`healthcheck`]: the container health probe.
 
 pub mod app;

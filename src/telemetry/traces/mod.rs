@@ -8,16 +8,23 @@
 //! `OTEL_EXPORTER_OTLP_HEADERS`, `…_TIMEOUT` and `…_COMPRESSION`,
 //! `OTEL_TRACES_SAMPLER` and its argument, the batch processor's
 //! `OTEL_BSP_*`. Off, nothing here runs: no exporter, no thread, and a
-//! request's span stays the lazy one of [`super::request_span`].
+//! request's span stays as it was (in the full example, the lazy one of
+//! `telemetry::request_span`).
+//!
+//! One source for both variants of the template: the minimal service gets
+//! this directory as its own `src/telemetry/traces/` when it is generated.
+//! So it names nothing of the crate but its own path (`traced_span!`) and,
+//! in its tests, `config::{Cli, Command}` (a server config's `otlp`).
 //!
 //! Spans end in the SDK's batch processor, which exports them from a thread
 //! of its own. At exit that batch is what a process loses, so:
 //! - [`Traces::flush`] is the last finalizer (registered first): it runs
-//!   after the final hit flush, whose span it then carries, ends the spans
-//!   of requests still open with an error ([`open`]), and waits for the
-//!   export on a thread of its own for at most [`TRACE_FLUSH_BUDGET`] —
-//!   a collector that is down or slow costs that, and a warning that
-//!   counts what was dropped, never the exit code or a hang;
+//!   after the others (in the full example the final hit flush, whose span
+//!   it then carries), ends the spans of requests still open with an error
+//!   ([`open`]), and waits for the export on a thread of its own for at
+//!   most [`TRACE_FLUSH_BUDGET`] — a collector that is down or slow costs
+//!   that, and a warning that counts what was dropped, never the exit code
+//!   or a hang;
 //! - after a second signal, [`Traces::flush_now`] (a force hook, the last)
 //!   gives the export [`TRACE_FORCE_FLUSH_BUDGET`], no more.
 

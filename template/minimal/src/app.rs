@@ -114,6 +114,10 @@ impl App {
     /// duck + drain timeout + the deadline's cleanup grace + workers and
     /// finalizers + closing the admin listener. A supervisor's grace period
     /// (`terminationGracePeriodSeconds`, `TimeoutStopSec`) must be longer.
+    ///
+    /// With traces on, the finalizers include their flush (`main` registers
+    /// it on the lifecycle before `build`), so its `TRACE_FLUSH_BUDGET` is
+    /// counted in `workers().budget()`: adding it here would count it twice.
     pub(crate) fn shutdown_budget(&mut self) -> Duration {
         self.config.drain_delay
             + self.config.shutdown_timeout

@@ -10,6 +10,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use lameduck_lifecycle::ServeConfig;
 
+use crate::telemetry::traces::OtlpConfig;
+
 /// lameduck: an HTTP service that stops, restarts and rolls out under load
 /// without dropping a request.
 #[derive(Debug, Parser)]
@@ -21,6 +23,8 @@ pub(crate) struct Cli {
 }
 
 /// The subcommands.
+// Parsed once at startup; boxing the server's options would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Run the HTTP server until SIGTERM or SIGINT, then drain and exit.
@@ -96,6 +100,11 @@ pub(crate) struct ServerConfig {
     /// send SIGHUP for an in-place upgrade.
     #[arg(long, env = "LAMEDUCK_PID_FILE", value_name = "PATH")]
     pub(crate) pid_file: Option<PathBuf>,
+
+    /// Traces, exported over OTLP when an endpoint is set (the standard
+    /// `OTEL_*` variables).
+    #[command(flatten)]
+    pub(crate) otlp: OtlpConfig,
 }
 
 impl ServerConfig {

@@ -1,23 +1,62 @@
 //! The HTTP surface around the service's own routes: liveness and
-//! readiness, `/metrics`, and JSON errors for unknown routes.
+//! readiness, `/metrics`, JSON errors for unknown routes, and, with traces
+//! on, every public request's server span.
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use axum::extract::State;
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use prometheus_client::registry::Registry;
 use serde_json::json;
+use tracing::Instrument;
 
 use lameduck_lifecycle::Watch;
 
+use crate::telemetry::traces::{self, ServerSpan};
+
+/// The header a proxy or client names a request by, carried on its span.
+const REQUEST_ID: &str = "x-request-id";
+
 /// The public router: the service's `api`, plus `/healthz` and `/readyz`
-/// for load balancers that probe the port they send traffic to.
+/// for load balancers that probe the port they send traffic to. With
+/// traces on, each request runs in its server span ([`traced`]); off, the
+/// layer is not there at all.
 pub(crate) fn public(api: Router, watch: Watch) -> Router {
-    api.merge(probes(watch)).fallback(not_found)
+    let router = api.merge(probes(watch)).fallback(not_found);
+    if traces::enabled() {
+        // `Router::layer` runs after routing: `MatchedPath` is known.
+        router.layer(middleware::from_fn(traced))
+    } else {
+        router
+    }
+}
+
+/// Runs `request` inside its server span (method, route, request id; the
+/// caller's `traceparent` continued), then records the answer's status and
+/// latency. A request dropped before its answer (the client went away, or
+/// the shutdown abandoned it) ends its span in error.
+async fn traced(request: Request, next: Next) -> Response {
+    let span = {
+        let route = request.extensions().get::<MatchedPath>();
+        let id = request.headers().get(REQUEST_ID);
+        let id = id.and_then(|id| id.to_str().ok());
+        ServerSpan::new(&request, route.map(MatchedPath::as_str), id)
+    };
+    // `None`: the subscriber does not want the span.
+    let Some(mut span) = span else {
+        return next.run(request).await;
+    };
+    let started = Instant::now();
+    let response = next.run(request).instrument(span.span().clone()).await;
+    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+    span.answer(response.status().as_u16(), latency_ms);
+    response
 }
 
 /// The admin listener's router: `/healthz`, `/readyz` and `/metrics`.

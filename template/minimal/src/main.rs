@@ -6,8 +6,8 @@
 //! - [`app`]: the service (one route, one worker, one finalizer): replace it.
 //! - [`config`]: command line and environment. [`exit`]: exit codes.
 //! - [`http`]: health, readiness, metrics. [`healthcheck`]: the container
-//!   health probe. [`telemetry`]: logging. [`metrics`]: the lifecycle's
-//!   counters for Prometheus.
+//!   health probe. [`telemetry`]: logging, and traces over OTLP when an
+//!   endpoint is set. [`metrics`]: the lifecycle's counters for Prometheus.
 //!
 //! The lifecycle itself (signals, lame duck, drain, deadline, workers and
 //! finalizers, socket activation, in-place upgrade) is the crate in
@@ -35,6 +35,7 @@ use lameduck_lifecycle::{error_chain, Lifecycle, Report, LOG_TARGET};
 
 use crate::app::App;
 use crate::config::{Cli, Command, ServerConfig};
+use crate::telemetry::traces::{self, Traces};
 
 /// The service's name as its package spells it, for its messages: read from
 /// `Cargo.toml` at compile time, so renaming the package renames them.
@@ -59,16 +60,9 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Server(config) => {
-            telemetry::init(config.log_format);
             // Before any thread starts: this clears LISTEN_FDS from the
             // environment.
-            let inherited = match handoff::inherited_listeners() {
-                Ok(inherited) => inherited,
-                Err(error) => {
-                    tracing::error!(%error, "an inherited socket is not a TCP listener");
-                    return Exit::Startup.into();
-                }
-            };
+            let inherited = handoff::inherited_listeners();
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -79,7 +73,35 @@ fn main() -> ExitCode {
                     return Exit::Startup.into();
                 }
             };
-            let exit = runtime.block_on(server(config, inherited));
+            // Inside the runtime: the gRPC exporter's channel lives on it.
+            let traces = match runtime.block_on(async { Traces::start(&config.otlp) }) {
+                Ok(traces) => traces,
+                Err(error) => {
+                    telemetry::init(config.log_format, None);
+                    tracing::error!("traces: {}", error_chain(&error));
+                    return Exit::Usage.into();
+                }
+            };
+            telemetry::init(config.log_format, traces.as_ref());
+            if let Some(traces) = &traces {
+                traces.log_started();
+            }
+            let inherited = match inherited {
+                Ok(inherited) => inherited,
+                Err(error) => {
+                    tracing::error!(%error, "an inherited socket is not a TCP listener");
+                    return Exit::Startup.into();
+                }
+            };
+            let exit = runtime.block_on(async {
+                let exit = server(config, inherited, traces.clone()).await;
+                // A run flushes its traces as its last finalizer; a start
+                // that failed never runs its finalizers: flush here.
+                if let (Exit::Startup | Exit::Usage, Some(traces)) = (exit, traces) {
+                    let _ = traces.flush().await;
+                }
+                exit
+            });
             // Anything still running was abandoned on purpose; do not wait.
             runtime.shutdown_background();
             exit.into()
@@ -106,7 +128,11 @@ fn main() -> ExitCode {
     }
 }
 
-async fn server(config: ServerConfig, inherited: handoff::Listeners) -> Exit {
+async fn server(
+    config: ServerConfig,
+    inherited: handoff::Listeners,
+    traces: Option<Traces>,
+) -> Exit {
     // Handlers first: from here on a signal is queued, not fatal.
     let lifecycle = match Lifecycle::new().with_signals() {
         Ok(lifecycle) => lifecycle,
@@ -115,13 +141,16 @@ async fn server(config: ServerConfig, inherited: handoff::Listeners) -> Exit {
             return Exit::Startup;
         }
     };
-    let lifecycle = match Successor::current().and_then(|s| lifecycle.with_upgrade(s)) {
+    let mut lifecycle = match Successor::current().and_then(|s| lifecycle.with_upgrade(s)) {
         Ok(lifecycle) => lifecycle,
         Err(error) => {
             tracing::error!(%error, "in-place upgrade unavailable (SIGHUP handler or own binary)");
             return Exit::Startup;
         }
     };
+    if let Some(traces) = traces {
+        flush_traces_last(&mut lifecycle, traces);
+    }
     let pid_file = config.pid_file.clone();
     let mut app = match App::build(config, lifecycle, inherited).await {
         Ok(app) => app,
@@ -148,6 +177,23 @@ async fn server(config: ServerConfig, inherited: handoff::Listeners) -> Exit {
     let exit = Exit::from_report(&report);
     summarize(&report, exit);
     exit
+}
+
+/// Registers the flush of the traces before anything else, so that it runs
+/// after every other finalizer (and force hook), and the spans of their work
+/// go with it.
+fn flush_traces_last(lifecycle: &mut Lifecycle, traces: Traces) {
+    let watch = lifecycle.watch().clone();
+    tokio::spawn(async move {
+        watch.abandoned().await;
+        traces::open::abandoning();
+    });
+    let workers = lifecycle.workers();
+    workers.on_shutdown("flush traces", traces::TRACE_FLUSH_BUDGET, {
+        let traces = traces.clone();
+        move || traces.flush()
+    });
+    workers.on_force("flush traces", move || traces.flush_now());
 }
 
 /// Writes this process's pid, atomically.

@@ -1,10 +1,10 @@
 //! The lifecycle's guarantees, shown by the real binary as a child process:
 //! readiness, a drain that answers the request in flight and exits 0, a
-//! second signal that forces the exit, the health probe, usage errors, and
-//! the in-place upgrade. Every wait is bounded.
+//! second signal that forces the exit, the health probe, usage errors, the
+//! in-place upgrade, and the trace flush at exit. Every wait is bounded.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -17,6 +17,10 @@ const BINARY: &str = env!("CARGO_BIN_EXE_lameduck");
 
 /// The longest any single wait here may take.
 const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// What traces add to the shutdown budget: the last finalizer's
+/// `TRACE_FLUSH_BUDGET`.
+const TRACE_FLUSH_BUDGET: Duration = Duration::from_secs(2);
 
 /// A running `lameduck server` on loopback, killed if the test fails.
 struct Server {
@@ -32,6 +36,11 @@ impl Server {
     /// Starts `lameduck server` on free ports with `args`, and waits until
     /// it logs both addresses.
     fn start(args: &[&str]) -> Server {
+        Server::start_with(args, &[])
+    }
+
+    /// [`Server::start`], with the environment variables `env` set.
+    fn start_with(args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut command = Command::new(BINARY);
         command
             .args([
@@ -43,12 +52,15 @@ impl Server {
             ])
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // The test's own configuration must not leak into the child.
+        // The test's own configuration must not leak into the child: nor
+        // its service's, nor a collector it exports its own traces to.
         for (key, _) in std::env::vars() {
-            if key.starts_with("LAMEDUCK_") {
+            let own = env.iter().any(|(name, _)| *name == key);
+            if !own && (key.starts_with("LAMEDUCK_") || key.starts_with("OTEL_")) {
                 command.env_remove(key);
             }
         }
@@ -96,6 +108,22 @@ impl Server {
             );
             thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The shutdown budget logged at startup (`shutdown_budget=24.5s`).
+    fn shutdown_budget(&mut self) -> Duration {
+        let line = self.wait_for_log("shutdown_budget=");
+        let value = line
+            .split("shutdown_budget=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_default();
+        let seconds = match value.strip_suffix("ms") {
+            Some(ms) => ms.parse::<f64>().map(|ms| ms / 1000.0),
+            None => value.trim_end_matches('s').parse::<f64>(),
+        };
+        let seconds = seconds.unwrap_or_else(|_| panic!("no duration in {line:?}"));
+        Duration::from_secs_f64(seconds)
     }
 
     fn log_lines(&self) -> Vec<String> {
@@ -169,6 +197,12 @@ fn wait(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
         thread::sleep(Duration::from_millis(10));
     }
     None
+}
+
+/// A loopback address nothing listens on: bound, then let go.
+fn closed_port() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("its address")
 }
 
 fn connect(addr: SocketAddr) -> TcpStream {
@@ -363,4 +397,61 @@ impl Drop for KillOnPanic {
             let _ = kill(self.0, Signal::SIGKILL);
         }
     }
+}
+
+// Traces are exported by a batch on a thread of its own: at exit the last
+// finalizer flushes it. A collector that is down must cost a warning that
+// counts what was lost, not the exit code, and no more time than the
+// budget the supervisor was told.
+#[test]
+fn a_collector_that_is_down_costs_a_warning_not_the_exit_code() {
+    let endpoint = format!("http://{}", closed_port());
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        // No export before the signal, however slow this machine: the
+        // request's span is still in the batch when the last flush runs.
+        ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
+    ];
+    let mut server = Server::start_with(&[], &env);
+    let budget = server.shutdown_budget();
+    let (status, body) = request(server.addr, "POST", "/api/greetings", GREETING).expect("POST");
+    assert_eq!(status, 200, "{body}");
+
+    let signalled = Instant::now();
+    server.signal(Signal::SIGTERM);
+    assert_eq!(server.exit_code(), 0, "{}", server.log_lines().join("\n"));
+    let took = signalled.elapsed();
+    let logs = server.all_log_lines();
+    assert!(
+        took < budget,
+        "exited after {took:?}, past its budget of {budget:?}:\n{}",
+        logs.join("\n")
+    );
+    let warning = logs
+        .iter()
+        .find(|line| line.contains("traces not flushed; spans dropped"))
+        .unwrap_or_else(|| panic!("no warning about the traces:\n{}", logs.join("\n")));
+    let dropped = warning
+        .split("spans_dropped=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|count| count.parse::<u64>().ok());
+    assert!(dropped.is_some_and(|n| n >= 1), "{warning}");
+}
+
+// The budget a supervisor must wait covers the trace flush when traces are
+// on, and does not charge for it when they are off.
+#[test]
+fn the_shutdown_budget_counts_the_trace_flush_only_with_traces_on() {
+    let mut plain = Server::start(&[]);
+    let without = plain.shutdown_budget();
+    plain.signal(Signal::SIGTERM);
+    assert_eq!(plain.exit_code(), 0);
+
+    let endpoint = format!("http://{}", closed_port());
+    let mut traced = Server::start_with(&[], &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)]);
+    let with = traced.shutdown_budget();
+    traced.signal(Signal::SIGTERM);
+    assert_eq!(traced.exit_code(), 0);
+    assert_eq!(with, without + TRACE_FLUSH_BUDGET);
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
+use axum::handler::Handler;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
@@ -25,15 +26,17 @@ const REQUEST_ID: &str = "x-request-id";
 
 /// The public router: the service's `api`, plus `/healthz` and `/readyz`
 /// for load balancers that probe the port they send traffic to. With
-/// traces on, each request runs in its server span ([`traced`]); off, the
-/// layer is not there at all.
+/// traces on, each request to the `api` (or to no route) runs in its server
+/// span ([`traced`]), and the probes, which a balancer sends every second
+/// or two, are left out; off, the layer is not there at all.
 pub(crate) fn public(api: Router, watch: Watch) -> Router {
-    let router = api.merge(probes(watch)).fallback(not_found);
     if traces::enabled() {
         // `Router::layer` runs after routing: `MatchedPath` is known.
-        router.layer(middleware::from_fn(traced))
+        let api = api.layer(middleware::from_fn(traced));
+        api.merge(probes(watch))
+            .fallback(not_found.layer(middleware::from_fn(traced)))
     } else {
-        router
+        api.merge(probes(watch)).fallback(not_found)
     }
 }
 

@@ -43,7 +43,7 @@ pub(crate) fn init(format: LogFormat, traces: Option<&Traces>) {
         LogFormat::Text => {
             let text = logs.fmt_fields(traces::fields::TextFields);
             let registry = tracing_subscriber::registry().with(text.with_filter(filter));
-            registry.with(traces.layer()).try_init()
+            registry.with(traces.layer().with_filter(Traces::FILTER)).try_init()
         }
         LogFormat::Json => {
             let json = logs
@@ -51,7 +51,7 @@ pub(crate) fn init(format: LogFormat, traces: Option<&Traces>) {
                 .flatten_event(true)
                 .fmt_fields(traces::fields::JsonFields);
             let registry = tracing_subscriber::registry().with(json.with_filter(filter));
-            registry.with(traces.layer()).try_init()
+            registry.with(traces.layer().with_filter(Traces::FILTER)).try_init()
         }
     };
 }

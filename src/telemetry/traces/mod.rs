@@ -35,6 +35,7 @@ mod parent;
 pub mod server;
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -267,24 +268,12 @@ impl Traces {
     pub async fn flush(self) -> Result<(), BoxError> {
         let ended = open::end_all(open::STILL_RUNNING);
         let wait = TRACE_FLUSH_BUDGET.saturating_sub(MARGIN);
-        let (sender, receiver) = tokio::sync::oneshot::channel();
         let provider = self.provider.clone();
-        // Its own thread: the SDK's flush blocks until the batch thread
-        // answers, and the gRPC exporter needs this runtime meanwhile.
-        let flushing = std::thread::Builder::new()
-            .name("trace flush".into())
-            .spawn(move || {
-                let _ = sender.send(provider.force_flush());
-            });
-        let outcome = match flushing {
-            Ok(_) => match tokio::time::timeout(wait, receiver).await {
-                Ok(Ok(Ok(()))) => Ok(()),
-                Ok(Ok(Err(error))) => Err(error.to_string()),
-                Ok(Err(_gone)) => Err("the flush thread ended without an answer".into()),
-                Err(_elapsed) => Err(format!("the collector did not answer within {wait:?}")),
-            },
-            Err(error) => Err(format!("cannot start the flush thread: {error}")),
-        };
+        // Off the runtime's workers: the wait blocks, and the gRPC
+        // exporter needs this runtime meanwhile.
+        let outcome = tokio::task::spawn_blocking(move || flush_within(&provider, wait))
+            .await
+            .unwrap_or_else(|error| Err(error.to_string()));
         self.report(outcome, ended);
         Ok(())
     }
@@ -296,23 +285,7 @@ impl Traces {
     /// None: the signature is a force hook's.
     pub fn flush_now(self) -> Result<(), BoxError> {
         let ended = open::end_all(open::FORCED);
-        let (sender, receiver) = std::sync::mpsc::sync_channel(1);
-        let provider = self.provider.clone();
-        let flushing = std::thread::Builder::new()
-            .name("trace flush".into())
-            .spawn(move || {
-                let _ = sender.send(provider.force_flush());
-            });
-        let outcome = match flushing {
-            Ok(_) => match receiver.recv_timeout(TRACE_FORCE_FLUSH_BUDGET) {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(error)) => Err(error.to_string()),
-                Err(_) => Err(format!(
-                    "the collector did not answer within {TRACE_FORCE_FLUSH_BUDGET:?}"
-                )),
-            },
-            Err(error) => Err(format!("cannot start the flush thread: {error}")),
-        };
+        let outcome = flush_within(&self.provider, TRACE_FORCE_FLUSH_BUDGET);
         self.report(outcome, ended);
         Ok(())
     }
@@ -343,6 +316,31 @@ impl Traces {
                 %error,
                 "traces not flushed; spans dropped"
             ),
+        }
+    }
+}
+
+/// The SDK's flush, on a thread of its own, waited for at most `wait`. The
+/// SDK's call blocks until its batch thread has exported (up to
+/// `OTEL_EXPORTER_OTLP_TIMEOUT`, retries included); a thread still waiting
+/// for a slow collector is left behind, and the process exits without it.
+fn flush_within(provider: &SdkTracerProvider, wait: Duration) -> Result<(), String> {
+    let (sender, receiver) = mpsc::sync_channel(1);
+    let provider = provider.clone();
+    std::thread::Builder::new()
+        .name("trace flush".into())
+        .spawn(move || {
+            let _ = sender.send(provider.force_flush());
+        })
+        .map_err(|error| format!("cannot start the flush thread: {error}"))?;
+    match receiver.recv_timeout(wait) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(RecvTimeoutError::Timeout) => {
+            Err(format!("the collector did not answer within {wait:?}"))
+        }
+        Err(RecvTimeoutError::Disconnected) => {
+            Err("the flush thread ended without an answer".into())
         }
     }
 }

@@ -12,8 +12,8 @@
 //!    counts the redirects answered against the hits stored in PostgreSQL.
 //! 2. `load bench` measures ratios in one run, alternating the servers:
 //!    throughput and p99 of a trivial route, the cost of hit counting on the
-//!    redirect path, SIGTERM-to-exit with 10,000 idle connections, and RSS
-//!    per idle connection.
+//!    redirect path, SIGTERM-to-exit with 10,000 idle connections, RSS
+//!    per idle connection, and what exporting traces over OTLP costs.
 //! 3. `load outage` runs R replicas on one PostgreSQL behind HAProxy, which
 //!    follows each replica's `/readyz` on its admin port, under open-loop
 //!    mixed traffic while the database is stopped, locked, restarted, and
@@ -35,6 +35,7 @@
 //!   and its runtime API.
 //! - [`report`]: tables, JSON and the SVG picture; [`machine`]: what ran it.
 //! - [`binaries`]: building and finding the servers, installing test tools.
+//! - [`otlp_sink`]: the OTLP receiver the traces benchmark exports to.
 //! - [`baseline`]: the plain-axum, bare-hyper and uncounted-redirect servers
 //!   behind the `plain-axum`, `bare-hyper` and `redirect-uncounted` binaries.
 
@@ -45,6 +46,7 @@ pub mod binaries;
 pub mod fate;
 pub mod haproxy;
 pub mod machine;
+pub mod otlp_sink;
 pub mod outage;
 pub mod raw;
 pub mod replica;

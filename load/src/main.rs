@@ -31,8 +31,8 @@ struct Cli {
 enum Command {
     /// Scenario 1: roll replicas behind HAProxy under constant load.
     Rollout(rollout::Options),
-    /// Scenario 2: throughput, hit counting, TLS, shutdown latency and
-    /// memory.
+    /// Scenario 2: throughput, hit counting, TLS, shutdown latency,
+    /// memory, and what exporting traces costs.
     Bench(bench::Options),
     /// Scenario 3: replicas behind HAProxy while the database is stopped,
     /// locked, restarted, and cut off from one replica.

@@ -6,15 +6,13 @@
 
 use std::sync::Arc;
 
-use anyhow::bail;
-
 use super::stats::{fmt_ratios, paired_ratio, paired_ratios, verdict};
 use super::table::{ratio_table, series_table};
 use super::{
-    create_bench_link, stop, Bench, BenchReport, Series, Target, COUNTING, MINIMAL_REDIRECT,
-    NOT_COUNTING, THROUGHPUT_TARGET,
+    stop, Bench, BenchReport, Series, Target, COUNTING, MINIMAL_REDIRECT, NOT_COUNTING,
+    THROUGHPUT_TARGET,
 };
-use crate::raw::{self, RawConn};
+use crate::raw;
 use crate::SERVICE;
 
 impl Bench<'_> {
@@ -43,17 +41,7 @@ impl Bench<'_> {
             )
             .await?;
         for replica in [&counted, &minimal, &uncounted] {
-            let mut conn = RawConn::connect(replica.addr).await?;
-            for n in 0..self.options.links {
-                let head = conn.exchange(&create_bench_link(n)).await?;
-                if head.status != 201 {
-                    bail!(
-                        "{}: creating link bench-{n} answered {}",
-                        replica.name,
-                        head.status
-                    );
-                }
-            }
+            self.create_links(replica).await?;
         }
         let requests = Arc::new(
             (0..self.options.links)

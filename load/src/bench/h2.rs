@@ -24,11 +24,7 @@ use serde::Serialize;
 
 use super::stats::{fmt_ratios, paired_ratio, paired_ratios, verdict};
 use super::table::series_table;
-use super::{
-    create_bench_link, stop, Bench, BenchReport, CpuMark, Harness, Run, Series, LAMEDUCK,
-    MINIMAL_AXUM,
-};
-use crate::raw::RawConn;
+use super::{stop, Bench, BenchReport, CpuMark, Harness, Run, Series, LAMEDUCK, MINIMAL_AXUM};
 use crate::report::fmt_ms;
 use crate::SERVICE;
 
@@ -83,14 +79,8 @@ impl Bench<'_> {
             (MINIMAL_AXUM, minimal.addr, minimal.pid()),
             (MINIMAL_NODELAY, nodelay.addr, nodelay.pid()),
         ];
-        for (name, addr, _) in servers {
-            let mut conn = RawConn::connect(addr).await?;
-            for n in 0..self.options.links {
-                let head = conn.exchange(&create_bench_link(n)).await?;
-                if head.status != 201 {
-                    bail!("{name}: creating link bench-{n} answered {}", head.status);
-                }
-            }
+        for replica in [&service, &minimal, &nodelay] {
+            self.create_links(replica).await?;
         }
         let links: Vec<String> = (0..self.options.links)
             .map(|n| format!("/bench-{n}"))

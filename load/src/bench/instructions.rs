@@ -51,7 +51,6 @@ impl Bench<'_> {
         let b = self.binaries;
         let healthz = raw::get("/healthz");
         let redirect = raw::get("/bench-0");
-        let link = create_bench_link(0);
         let cases: [(&str, &str, &Path, &str, &[u8]); 7] = [
             ("GET /healthz", LAMEDUCK, &b.service, "/readyz", &healthz),
             (
@@ -116,75 +115,103 @@ impl Bench<'_> {
             }));
         let mut series = Vec::new();
         for (index, (route, name, program, ready, request, step)) in cases.enumerate() {
-            let expected = if route == "GET /healthz" { 200 } else { 307 };
-            let mut totals = Vec::new();
-            for requests in INSTRUCTION_RUNS {
-                let run = format!("in-{index}-{requests}");
+            let spec = |run: &str| {
                 let mut spec = if program == b.bare_hyper.as_path() {
                     self.bare_spec()
                 } else {
-                    self.spec(program, &run, &[])
+                    self.spec(program, run, &[])
                 };
                 if let Some(step) = step {
                     let variable = crate::baseline::WITHOUT_ENV.to_owned();
                     spec.env.push((variable, step.to_owned()));
                 }
-                let out = self.logs.join(format!("callgrind-{run}.out"));
-                let mut args: Vec<std::ffi::OsString> = vec![
-                    "--tool=callgrind".into(),
-                    format!("--callgrind-out-file={}", out.display()).into(),
-                    spec.program.clone().into_os_string(),
-                ];
-                args.extend(spec.args);
-                let under_valgrind = Spec {
-                    program: "valgrind".into(),
-                    args,
-                    env: spec.env,
-                    cpus: spec.cpus,
-                };
-                let mut replica =
-                    Replica::spawn(&run, &under_valgrind, &self.logs.join(format!("{run}.log")))
-                        .await?;
-                replica.wait_ready(ready, Duration::from_secs(120)).await?;
-                if expected == 307 {
-                    let created = RawConn::connect(replica.addr)
-                        .await?
-                        .exchange(&link)
-                        .await?;
-                    if created.status != 201 {
-                        bail!("{name}: creating the link answered {}", created.status);
-                    }
-                }
-                let answered = raw::exactly(replica.addr, request, expected, 8, requests)
-                    .await
-                    .with_context(|| format!("{name} under callgrind"))?;
-                if answered != requests {
-                    bail!(
-                        "{name} under callgrind answered {answered} of {requests} with {expected}"
-                    );
-                }
-                let _ = replica.signal(Signal::SIGTERM);
-                let ended = replica
-                    .wait_exit(Instant::now(), Duration::from_secs(120))
-                    .await;
-                if ended.code != Some(0) {
-                    bail!("{name} under callgrind exited {}", ended.describe());
-                }
-                let total = callgrind_total(&out)?;
-                eprintln!("load:   {route} on {name}: {requests} requests, {total} instructions");
-                totals.push(total);
-            }
-            #[allow(clippy::cast_precision_loss)]
-            let per_request = (totals[1] as f64 - totals[0] as f64)
-                / (INSTRUCTION_RUNS[1] - INSTRUCTION_RUNS[0]) as f64;
-            series.push(InstructionSeries {
-                route: route.to_owned(),
-                server: name.to_owned(),
-                totals,
-                per_request,
-            });
+                spec
+            };
+            let label = format!("in-{index}");
+            series.push(
+                self.count_instructions(&label, route, name, spec, ready, request)
+                    .await?,
+            );
         }
         Ok(series)
+    }
+
+    /// `name` under callgrind, twice: [`INSTRUCTION_RUNS`] requests of
+    /// `request` over 8 connections, then SIGTERM; the difference of the two
+    /// whole-process counts is what a request costs. `spec` gives the
+    /// server's command for a run's name (`{label}-{requests}`, its data
+    /// folder and log); readiness is read at `ready`. A `route` other than
+    /// `GET /healthz` is a redirect of `bench-0`, created first.
+    ///
+    /// # Errors
+    /// If the server cannot start, answers otherwise, or exits other than 0.
+    pub(super) async fn count_instructions(
+        &self,
+        label: &str,
+        route: &str,
+        name: &str,
+        spec: impl Fn(&str) -> Spec,
+        ready: &str,
+        request: &[u8],
+    ) -> anyhow::Result<InstructionSeries> {
+        let expected = if route == "GET /healthz" { 200 } else { 307 };
+        let link = create_bench_link(0);
+        let mut totals = Vec::new();
+        for requests in INSTRUCTION_RUNS {
+            let run = format!("{label}-{requests}");
+            let spec = spec(&run);
+            let out = self.logs.join(format!("callgrind-{run}.out"));
+            let mut args: Vec<std::ffi::OsString> = vec![
+                "--tool=callgrind".into(),
+                format!("--callgrind-out-file={}", out.display()).into(),
+                spec.program.clone().into_os_string(),
+            ];
+            args.extend(spec.args);
+            let under_valgrind = Spec {
+                program: "valgrind".into(),
+                args,
+                env: spec.env,
+                cpus: spec.cpus,
+            };
+            let mut replica =
+                Replica::spawn(&run, &under_valgrind, &self.logs.join(format!("{run}.log")))
+                    .await?;
+            replica.wait_ready(ready, Duration::from_secs(120)).await?;
+            if expected == 307 {
+                let created = RawConn::connect(replica.addr)
+                    .await?
+                    .exchange(&link)
+                    .await?;
+                if created.status != 201 {
+                    bail!("{name}: creating the link answered {}", created.status);
+                }
+            }
+            let answered = raw::exactly(replica.addr, request, expected, 8, requests)
+                .await
+                .with_context(|| format!("{name} under callgrind"))?;
+            if answered != requests {
+                bail!("{name} under callgrind answered {answered} of {requests} with {expected}");
+            }
+            let _ = replica.signal(Signal::SIGTERM);
+            let ended = replica
+                .wait_exit(Instant::now(), Duration::from_secs(120))
+                .await;
+            if ended.code != Some(0) {
+                bail!("{name} under callgrind exited {}", ended.describe());
+            }
+            let total = callgrind_total(&out)?;
+            eprintln!("load:   {route} on {name}: {requests} requests, {total} instructions");
+            totals.push(total);
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let per_request = (totals[1] as f64 - totals[0] as f64)
+            / (INSTRUCTION_RUNS[1] - INSTRUCTION_RUNS[0]) as f64;
+        Ok(InstructionSeries {
+            route: route.to_owned(),
+            server: name.to_owned(),
+            totals,
+            per_request,
+        })
     }
 }
 

@@ -29,9 +29,14 @@
 //!    connections per second, each with a full TLS handshake (and, as an
 //!    extra row, resumed sessions) ÷ plain TCP connections, with the
 //!    server's CPU time per request.
+//! 7. Traces: lameduck with traces off against lameduck exporting them over
+//!    OTLP/HTTP and OTLP/gRPC to a receiver in the harness, taking turns, on
+//!    `GET /healthz` and `GET /{code}`: throughput, latency and CPU a
+//!    request on ÷ off, the spans received against the requests answered,
+//!    what the SDK dropped, RSS, and instructions per request.
 //!
 //! Each part is a module of its own, named after it (`throughput`,
-//! `counting`, `h2`, `tls`, `shutdown`, `instructions`, `spill`); this one
+//! `counting`, `h2`, `tls`, `shutdown`, `instructions`, `spill`, `traces`); this one
 //! holds what they share: the options, the runner and the overall summary.
 
 use std::net::SocketAddr;
@@ -48,7 +53,7 @@ use tokio::time::Instant;
 
 use crate::binaries::{self, Binaries};
 use crate::machine::Machine;
-use crate::raw;
+use crate::raw::{self, RawConn};
 use crate::replica::{self, Replica, Spec};
 use crate::report::{self, fmt_ms};
 use crate::SERVICE;
@@ -62,6 +67,7 @@ mod stats;
 mod table;
 mod throughput;
 mod tls;
+mod traces;
 
 pub use h2::H2Case;
 pub use instructions::InstructionSeries;
@@ -70,6 +76,7 @@ pub use spill::SpillSeries;
 pub use tls::{
     TlsReport, TlsSeries, HTTP_KEEP_ALIVE, HTTP_NEW, TLS_FULL, TLS_KEEP_ALIVE, TLS_RESUMED,
 };
+pub use traces::{ExitCounts, TracedRun, TracesCase, TracesReport, TracesSeries};
 
 use stats::{median, median_measured};
 
@@ -94,6 +101,9 @@ pub enum Part {
     Tls,
     /// HTTP/2 with prior knowledge under h2load (needs h2load).
     H2,
+    /// Traces off against traces exported over OTLP/HTTP and OTLP/gRPC to
+    /// a receiver on loopback (needs valgrind for its instruction counts).
+    Traces,
 }
 
 /// The servers' names in the tables.
@@ -141,7 +151,7 @@ pub struct Options {
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub links: u32,
     /// The parts to run.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Part::Throughput, Part::Counting, Part::H2, Part::Tls, Part::Shutdown, Part::Instructions, Part::Spill])]
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Part::Throughput, Part::Counting, Part::H2, Part::Tls, Part::Shutdown, Part::Instructions, Part::Spill, Part::Traces])]
     pub parts: Vec<Part>,
     /// Links with pending hits in the spill part.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
@@ -249,12 +259,14 @@ pub struct BenchReport {
     /// HTTP/2 (h2c) under h2load: lameduck, the minimal axum app, and the
     /// minimal app with `TCP_NODELAY`, per route and shape.
     pub h2: Vec<H2Case>,
+    /// lameduck with traces off, and exporting over OTLP/HTTP and gRPC.
+    pub traces: Option<TracesReport>,
 }
 
 /// `load bench`: pins, builds, runs, prints and writes.
 pub fn main(options: Options, mut machine: Machine) -> ExitCode {
     let result = (|| -> anyhow::Result<()> {
-        if options.parts.contains(&Part::Instructions) {
+        if options.parts.contains(&Part::Instructions) || options.parts.contains(&Part::Traces) {
             binaries::install_test_deps(&["valgrind"])?;
         }
         if options.parts.contains(&Part::H2) {
@@ -365,6 +377,11 @@ pub async fn run(
     } else {
         Vec::new()
     };
+    let traces = if options.parts.contains(&Part::Traces) {
+        Some(bench.traces().await?)
+    } else {
+        None
+    };
     let spill = if options.parts.contains(&Part::Spill) {
         Some(spill::spill(&options, &out.join("spill"))?)
     } else {
@@ -381,6 +398,7 @@ pub async fn run(
         spill,
         tls,
         h2,
+        traces,
     })
 }
 
@@ -530,55 +548,12 @@ impl Bench<'_> {
 
     /// Closed-loop runs of every target, `--connections` connections of
     /// one request at a time, taking turns, the order rotating each round.
-    /// Around each measured run the server's CPU time and the harness's own
-    /// are read: CPU a request prices the server alone, and a harness near
-    /// a whole core says the client, not only the server, set the pace.
     async fn rounds(&self, targets: &[Target]) -> Vec<Series> {
         let mut runs: Vec<Vec<Run>> = vec![Vec::new(); targets.len()];
-        let connections = usize::try_from(self.options.connections).unwrap_or(64);
         for round in 0..self.options.rounds as usize {
             for turn in 0..targets.len() {
                 let index = (turn + round) % targets.len();
-                let target = &targets[index];
-                let load = |duration| {
-                    raw::closed_loop(
-                        target.addr,
-                        Arc::clone(&target.requests),
-                        target.expected,
-                        connections,
-                        duration,
-                    )
-                };
-                load(self.options.warmup).await;
-                let mark = CpuMark::take(target.pid, Harness::Own);
-                let result = load(self.options.duration).await;
-                let spent = mark.spent();
-                let run = Run {
-                    rps: result.throughput(),
-                    p50_ms: result.latency_ms(0.50),
-                    p99_ms: result.latency_ms(0.99),
-                    unexpected: result.unexpected,
-                    errors: result.errors,
-                    cpu_us: spent.server_us_per(result.ok),
-                    client_busy: spent.load / result.elapsed.as_secs_f64(),
-                };
-                eprintln!(
-                    "load:   round {}/{} {}: {:.0} req/s, p50 {} ms, p99 {} ms, server CPU {:.2} µs a request, load generator {:.0} % of a core{}",
-                    round + 1,
-                    self.options.rounds,
-                    target.name,
-                    run.rps,
-                    fmt_ms(run.p50_ms),
-                    fmt_ms(run.p99_ms),
-                    run.cpu_us,
-                    run.client_busy * 100.0,
-                    if run.unexpected + run.errors > 0 {
-                        format!(", {} unexpected, {} errors", run.unexpected, run.errors)
-                    } else {
-                        String::new()
-                    }
-                );
-                runs[index].push(run);
+                runs[index].push(self.turn(&targets[index], round).await.run);
             }
         }
         targets
@@ -587,6 +562,89 @@ impl Bench<'_> {
             .map(|(target, runs)| Series::new(target.name, runs))
             .collect()
     }
+
+    /// One turn of `target` in round `round`: the `--warmup`, then the
+    /// measured `--duration`. Around the measured run the server's CPU time
+    /// and the harness's own are read: CPU a request prices the server
+    /// alone, and a harness near a whole core says the client, not only the
+    /// server, set the pace.
+    async fn turn(&self, target: &Target, round: usize) -> Turn {
+        let connections = usize::try_from(self.options.connections).unwrap_or(64);
+        let load = |duration| {
+            raw::closed_loop(
+                target.addr,
+                Arc::clone(&target.requests),
+                target.expected,
+                connections,
+                duration,
+            )
+        };
+        let warmup = load(self.options.warmup).await;
+        let mark = CpuMark::take(target.pid, Harness::Own);
+        let result = load(self.options.duration).await;
+        let spent = mark.spent();
+        let run = Run {
+            rps: result.throughput(),
+            p50_ms: result.latency_ms(0.50),
+            p99_ms: result.latency_ms(0.99),
+            unexpected: result.unexpected,
+            errors: result.errors,
+            cpu_us: spent.server_us_per(result.ok),
+            client_busy: spent.load / result.elapsed.as_secs_f64(),
+        };
+        eprintln!(
+            "load:   round {}/{} {}: {:.0} req/s, p50 {} ms, p99 {} ms, server CPU {:.2} µs a request, load generator {:.0} % of a core{}",
+            round + 1,
+            self.options.rounds,
+            target.name,
+            run.rps,
+            fmt_ms(run.p50_ms),
+            fmt_ms(run.p99_ms),
+            run.cpu_us,
+            run.client_busy * 100.0,
+            if run.unexpected + run.errors > 0 {
+                format!(", {} unexpected, {} errors", run.unexpected, run.errors)
+            } else {
+                String::new()
+            }
+        );
+        Turn {
+            run,
+            answered: warmup.ok + warmup.unexpected + result.ok + result.unexpected,
+            elapsed: result.elapsed,
+        }
+    }
+
+    /// Creates the `--links` links `bench-0`… on `replica`, which the
+    /// redirect runs follow.
+    ///
+    /// # Errors
+    /// If a creation fails or is not answered 201.
+    async fn create_links(&self, replica: &Replica) -> anyhow::Result<()> {
+        let mut conn = RawConn::connect(replica.addr).await?;
+        for n in 0..self.options.links {
+            let head = conn.exchange(&create_bench_link(n)).await?;
+            if head.status != 201 {
+                anyhow::bail!(
+                    "{}: creating link bench-{n} answered {}",
+                    replica.name,
+                    head.status
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one turn of a target did.
+struct Turn {
+    /// The measured run.
+    run: Run,
+    /// Every answer of the warm-up and the run, whatever its status: each
+    /// was a request the server handled.
+    answered: u64,
+    /// How long the measured run took.
+    elapsed: Duration,
 }
 
 /// `POST /api/links` creating `bench-{n}`, the links the redirect
@@ -625,6 +683,9 @@ pub fn summary(report: &BenchReport) -> String {
     }
     if let Some(spill) = &report.spill {
         text.push_str(&spill::spill_summary(spill, &footer));
+    }
+    if let Some(traces) = &report.traces {
+        text.push_str(&traces::traces_summary(o, traces, &footer));
     }
     text
 }
@@ -710,6 +771,7 @@ mod tests {
             instructions: Vec::new(),
             spill: None,
             tls: None,
+            traces: None,
             h2: vec![H2Case {
                 route: "GET /healthz".to_owned(),
                 connections: 1,

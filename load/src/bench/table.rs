@@ -8,6 +8,15 @@ use crate::report::{self, fmt_ms};
 /// lameduck (`a`) ÷ each of `baselines`, run by run: throughput, p50 and
 /// p99 as median (min–max), and the target of each row if it has one.
 pub(super) fn ratio_table(a: &Series, baselines: &[(&Series, String)]) -> String {
+    let pairs: Vec<(&Series, &Series, String)> = baselines
+        .iter()
+        .map(|(b, target)| (a, *b, target.clone()))
+        .collect();
+    pairs_table(&pairs)
+}
+
+/// Each `a ÷ b` of `pairs`, run by run, as [`ratio_table`] gives them.
+pub(super) fn pairs_table(pairs: &[(&Series, &Series, String)]) -> String {
     let header: Vec<String> = [
         "ratio, run by run",
         "throughput, median (min–max)",
@@ -18,9 +27,9 @@ pub(super) fn ratio_table(a: &Series, baselines: &[(&Series, String)]) -> String
     ]
     .map(str::to_owned)
     .into();
-    let rows: Vec<Vec<String>> = baselines
+    let rows: Vec<Vec<String>> = pairs
         .iter()
-        .map(|(b, target)| {
+        .map(|(a, b, target)| {
             vec![
                 format!("{} ÷ {}", a.server, b.server),
                 paired_ratio(a, b, |r| r.rps),
@@ -65,7 +74,7 @@ pub(super) fn series_table(series: &[&Series], base: &Series) -> String {
 }
 
 /// A share of a core as a percentage, `–` where not measured.
-fn fmt_busy(share: f64) -> String {
+pub(super) fn fmt_busy(share: f64) -> String {
     if share.is_finite() {
         format!("{:.0} %", share * 100.0)
     } else {
@@ -74,7 +83,7 @@ fn fmt_busy(share: f64) -> String {
 }
 
 /// CPU µs a request, `–` where not measured.
-fn fmt_cpu(us: f64) -> String {
+pub(super) fn fmt_cpu(us: f64) -> String {
     if us.is_finite() {
         format!("{us:.2}")
     } else {

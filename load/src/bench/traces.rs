@@ -1,0 +1,740 @@
+//! The traces part (`--parts traces`): what exporting traces costs.
+//! lameduck three ways, taking turns like the other parts: traces off (no
+//! OTLP endpoint, the lazy request span, nothing exported), and traces on
+//! over OTLP/HTTP and over OTLP/gRPC to a receiver in the harness
+//! ([`crate::otlp_sink`]), on `GET /healthz` and on the counted redirect
+//! `GET /{code}`. Beside throughput, latency and CPU a request: the spans
+//! the receiver got against the requests answered, what the SDK dropped,
+//! the server's RSS, and the CPU of the SDK's export threads; then
+//! instructions per request under callgrind, off against on.
+
+use std::path::Path;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use anyhow::bail;
+use opentelemetry_sdk::trace::{
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE_DEFAULT,
+    OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_QUEUE_SIZE_DEFAULT, OTEL_BSP_SCHEDULE_DELAY,
+};
+use serde::Serialize;
+
+use super::instructions::InstructionSeries;
+use super::stats::{fmt_ratios, median};
+use super::table::{fmt_busy, fmt_cpu, pairs_table, ratio, series_table};
+use super::{stop, Bench, Options, Series, Target, Turn};
+use crate::otlp_sink::{OtlpSink, Received, Transport};
+use crate::raw;
+use crate::replica::{self, Replica};
+use crate::report;
+use crate::SERVICE;
+
+/// The rows of the traces part.
+static TRACES_OFF: LazyLock<String> = LazyLock::new(|| format!("{SERVICE}, traces off"));
+static TRACES_HTTP: LazyLock<String> =
+    LazyLock::new(|| format!("{SERVICE}, traces over HTTP/protobuf"));
+static TRACES_GRPC: LazyLock<String> = LazyLock::new(|| format!("{SERVICE}, traces over gRPC"));
+
+/// The batch processor's export interval on the traced servers
+/// (`OTEL_BSP_SCHEDULE_DELAY`), down from the SDK's 5 s: a run's last spans
+/// reach the receiver a fraction of a second after it ends, so each run's
+/// spans are counted before the next turn begins. Under load it changes
+/// little: the batch is exported whenever 512 spans are queued.
+const SCHEDULE_DELAY: Duration = Duration::from_millis(200);
+
+/// How long the receiver must have taken nothing before a run's spans are
+/// counted: a few export intervals, so that a batch the exporter is still
+/// sending is not missed.
+const SETTLED_AFTER: Duration = Duration::from_millis(600);
+
+/// The longest wait for the receiver to settle after a run.
+const SETTLE_BOUND: Duration = Duration::from_secs(10);
+
+/// The server's threads that only exist to export: the SDK's batch
+/// processor (`OpenTelemetry.Traces.BatchProcessor`) and the OTLP/HTTP
+/// client's blocking runtime (`reqwest-internal-sync-runtime`), as
+/// `/proc/PID/task/TID/comm` shortens them. The gRPC exporter's transport
+/// runs on the server's own runtime and is not among them.
+const EXPORT_THREADS: [&str; 2] = ["OpenTelemetry", "reqwest-"];
+
+/// How long to wait for a stopped server's last log lines.
+const LOG_WAIT: Duration = Duration::from_secs(2);
+
+/// What exporting traces costs, per route, and in instructions.
+#[derive(Clone, Debug, Serialize)]
+pub struct TracesReport {
+    /// The batch processor's settings the traced servers ran with, as
+    /// `NAME=value (why)`.
+    pub settings: Vec<String>,
+    /// `GET /healthz`, then `GET /{code}`.
+    pub cases: Vec<TracesCase>,
+    /// Instructions per request under callgrind, off and on, per route.
+    pub instructions: Vec<InstructionSeries>,
+}
+
+/// One route: off, over HTTP/protobuf, over gRPC, in that order.
+#[derive(Clone, Debug, Serialize)]
+pub struct TracesCase {
+    /// The route requested.
+    pub route: String,
+    /// The three servers.
+    pub series: Vec<TracesSeries>,
+}
+
+/// One server's runs, with what its traces did.
+#[derive(Clone, Debug, Serialize)]
+pub struct TracesSeries {
+    /// Throughput, latency and CPU a request.
+    #[serde(flatten)]
+    pub series: Series,
+    /// How it exported (`None`: traces off).
+    pub transport: Option<Transport>,
+    /// What each turn exported, one per run.
+    pub traced: Vec<TracedRun>,
+    /// What it said of its traces at exit.
+    pub exit: ExitCounts,
+    /// What the receiver took from it over its life.
+    pub received: Received,
+}
+
+/// What one turn (warm-up and measured run) did beside the load.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct TracedRun {
+    /// Answers of the warm-up and the run, whatever their status.
+    pub answered: u64,
+    /// What the receiver took from the turn's start until it had been
+    /// quiet for [`SETTLED_AFTER`].
+    pub received: Received,
+    /// The server's RSS at the end of the measured run, KiB.
+    pub rss_kib: Option<u64>,
+    /// CPU of the [`EXPORT_THREADS`] over the turn ÷ `answered`, µs.
+    pub export_cpu_us: f64,
+    /// The receiver thread's CPU over the turn ÷ the warm-up and run's
+    /// length: it shares the load generator's core.
+    pub receiver_busy: f64,
+}
+
+/// The server's own account of its traces, from its log at exit.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ExitCounts {
+    /// Spans the exporter delivered (`spans_exported=`), if logged.
+    pub spans_exported: Option<u64>,
+    /// Spans ended but never delivered (`spans_dropped=`): queued past
+    /// the batch's capacity, or refused.
+    pub spans_dropped: u64,
+    /// The OpenTelemetry SDK's warnings and errors (`name=` of its lines
+    /// at `WARN` and `ERROR`), with how often each came.
+    pub sdk_warnings: Vec<(String, u64)>,
+}
+
+/// One of the three servers of a case.
+struct Traced {
+    name: &'static str,
+    transport: Option<Transport>,
+    replica: Replica,
+}
+
+impl Bench<'_> {
+    /// Both routes, then the callgrind runs.
+    pub(super) async fn traces(&self) -> anyhow::Result<TracesReport> {
+        eprintln!("load: traces: off, over HTTP/protobuf and over gRPC to a receiver on loopback");
+        refuse_inherited_otel()?;
+        let sink = OtlpSink::start()?;
+        eprintln!("load:   OTLP receiver on {}", sink.endpoint());
+        let links: Vec<Vec<u8>> = (0..self.options.links)
+            .map(|n| raw::get(&format!("/bench-{n}")))
+            .collect();
+        let mut cases = Vec::new();
+        for (route, requests, expected) in [
+            ("GET /healthz", vec![raw::get("/healthz")], 200),
+            ("GET /{code}", links, 307),
+        ] {
+            cases.push(
+                self.traces_case(&sink, route, Arc::new(requests), expected)
+                    .await?,
+            );
+        }
+        let instructions = self.traces_instructions(&sink).await?;
+        Ok(TracesReport {
+            settings: settings(),
+            cases,
+            instructions,
+        })
+    }
+
+    /// The three servers' command: lameduck, with the traced ones pointed
+    /// at `sink` over their transport.
+    fn traces_spec(
+        &self,
+        sink: &OtlpSink,
+        run: &str,
+        transport: Option<Transport>,
+    ) -> replica::Spec {
+        let mut spec = self.spec(&self.binaries.service, run, &[]);
+        if let Some(transport) = transport {
+            spec.env.extend(traced_env(sink, transport));
+        }
+        spec
+    }
+
+    async fn traces_case(
+        &self,
+        sink: &OtlpSink,
+        route: &str,
+        requests: Arc<Vec<Vec<u8>>>,
+        expected: u16,
+    ) -> anyhow::Result<TracesCase> {
+        eprintln!("load:   {route}");
+        let short = if expected == 200 {
+            "healthz"
+        } else {
+            "redirect"
+        };
+        let mut servers = Vec::new();
+        for (name, transport, tag) in [
+            (&*TRACES_OFF, None, "off"),
+            (&*TRACES_HTTP, Some(Transport::HttpProtobuf), "http"),
+            (&*TRACES_GRPC, Some(Transport::Grpc), "grpc"),
+        ] {
+            let run = format!("tr-{short}-{tag}");
+            let replica = self
+                .start(&run, &self.traces_spec(sink, &run, transport), "/readyz")
+                .await?;
+            if expected == 307 {
+                self.create_links(&replica).await?;
+            }
+            servers.push(Traced {
+                name: name.as_str(),
+                transport,
+                replica,
+            });
+        }
+        let started: Vec<Received> = servers
+            .iter()
+            .map(|s| {
+                s.transport
+                    .map_or_else(Received::default, |t| sink.received(t))
+            })
+            .collect();
+        let targets: Vec<Target> = servers
+            .iter()
+            .map(|s| Target::new(s.name, &s.replica, &requests, expected))
+            .collect();
+        let mut runs = vec![Vec::new(); servers.len()];
+        let mut traced = vec![Vec::new(); servers.len()];
+        for round in 0..self.options.rounds as usize {
+            for turn in 0..servers.len() {
+                let index = (turn + round) % servers.len();
+                let (run, traced_run) = self
+                    .traced_turn(sink, &servers[index], &targets[index], round)
+                    .await;
+                runs[index].push(run);
+                traced[index].push(traced_run);
+            }
+        }
+        let mut series = Vec::new();
+        for ((mut server, (runs, traced)), started) in servers
+            .into_iter()
+            .zip(runs.into_iter().zip(traced))
+            .zip(started)
+        {
+            stop(&mut server.replica).await;
+            let received = match server.transport {
+                Some(transport) => sink
+                    .settle(transport, SETTLED_AFTER, SETTLE_BOUND)
+                    .await
+                    .since(&started),
+                None => Received::default(),
+            };
+            series.push(TracesSeries {
+                series: Series::new(server.name, runs),
+                transport: server.transport,
+                traced,
+                exit: exit_counts(server.replica.log()).await,
+                received,
+            });
+        }
+        Ok(TracesCase {
+            route: route.to_owned(),
+            series,
+        })
+    }
+
+    /// One turn of [`Bench::turn`], with what the server exported
+    /// meanwhile: the receiver's counts from before the warm-up until it is
+    /// quiet again, and the CPU of the export threads and of the receiver.
+    async fn traced_turn(
+        &self,
+        sink: &OtlpSink,
+        server: &Traced,
+        target: &Target,
+        round: usize,
+    ) -> (super::Run, TracedRun) {
+        let pid = server.replica.pid();
+        let before = server.transport.map(|t| sink.received(t));
+        let export_before = export_threads_cpu(pid);
+        let sink_before = sink.cpu_time();
+        let Turn {
+            run,
+            answered,
+            elapsed,
+        } = self.turn(target, round).await;
+        let rss_kib = server.replica.rss_kib();
+        let received = match (server.transport, before) {
+            (Some(transport), Some(before)) => sink
+                .settle(transport, SETTLED_AFTER, SETTLE_BOUND)
+                .await
+                .since(&before),
+            _ => Received::default(),
+        };
+        let export_cpu = since(export_before, export_threads_cpu(pid));
+        let sink_cpu = since(sink_before, sink.cpu_time());
+        #[allow(clippy::cast_precision_loss)]
+        let per_answer = |seconds: f64| seconds * 1e6 / answered.max(1) as f64;
+        let loaded = (self.options.warmup + elapsed).as_secs_f64();
+        let traced = TracedRun {
+            answered,
+            received,
+            rss_kib,
+            export_cpu_us: per_answer(export_cpu),
+            receiver_busy: sink_cpu / loaded,
+        };
+        if server.transport.is_some() {
+            eprintln!(
+                "load:     {} answered, {} server spans and {} others received in {} exports; RSS {} KiB; export threads {:.2} µs a request; receiver {:.0} % of a core",
+                answered,
+                received.server_spans,
+                received.client_spans + received.other_spans,
+                received.exports,
+                rss_kib.unwrap_or(0),
+                traced.export_cpu_us,
+                traced.receiver_busy * 100.0,
+            );
+        }
+        (run, traced)
+    }
+
+    /// Instructions per request under callgrind, traces off and on over
+    /// either transport, on both routes.
+    async fn traces_instructions(&self, sink: &OtlpSink) -> anyhow::Result<Vec<InstructionSeries>> {
+        let healthz = raw::get("/healthz");
+        let redirect = raw::get("/bench-0");
+        let mut series = Vec::new();
+        let routes = [("GET /healthz", &healthz), ("GET /{code}", &redirect)];
+        for (case, (route, request)) in routes.into_iter().enumerate() {
+            for (index, (name, transport)) in [
+                (&*TRACES_OFF, None),
+                (&*TRACES_HTTP, Some(Transport::HttpProtobuf)),
+                (&*TRACES_GRPC, Some(Transport::Grpc)),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let label = format!("tr-in-{case}-{index}");
+                let spec = |run: &str| self.traces_spec(sink, run, transport);
+                series.push(
+                    self.count_instructions(&label, route, name, spec, "/readyz", request)
+                        .await?,
+                );
+            }
+        }
+        Ok(series)
+    }
+}
+
+/// The environment of a server exporting to `sink` over `transport`: the
+/// endpoint, the protocol and the export interval; every other batch
+/// setting is the SDK's default.
+fn traced_env(sink: &OtlpSink, transport: Transport) -> [(String, String); 3] {
+    [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), sink.endpoint()),
+        (
+            "OTEL_EXPORTER_OTLP_PROTOCOL".to_owned(),
+            transport.protocol().to_owned(),
+        ),
+        (
+            OTEL_BSP_SCHEDULE_DELAY.to_owned(),
+            SCHEDULE_DELAY.as_millis().to_string(),
+        ),
+    ]
+}
+
+/// The batch settings the traced servers ran with, for the output.
+fn settings() -> Vec<String> {
+    vec![
+        format!(
+            "{OTEL_BSP_SCHEDULE_DELAY}={} (set by the bench)",
+            SCHEDULE_DELAY.as_millis()
+        ),
+        format!("{OTEL_BSP_MAX_QUEUE_SIZE}={OTEL_BSP_MAX_QUEUE_SIZE_DEFAULT} (the SDK's default)"),
+        format!(
+            "{OTEL_BSP_MAX_EXPORT_BATCH_SIZE}={OTEL_BSP_MAX_EXPORT_BATCH_SIZE_DEFAULT} (the SDK's default)"
+        ),
+    ]
+}
+
+/// The servers inherit the harness's environment, and an `OTEL_*` variable
+/// there (an endpoint, a sampler, a batch size) would change what this part
+/// measures, the "off" server included.
+fn refuse_inherited_otel() -> anyhow::Result<()> {
+    let inherited: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| name.starts_with("OTEL_"))
+        .collect();
+    if !inherited.is_empty() {
+        bail!(
+            "the traces part sets the servers' OTEL_* variables itself; unset {} first",
+            inherited.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The CPU time of the [`EXPORT_THREADS`] of process `pid`; `None` if
+/// `/proc` cannot be read. A process without them (traces off) has zero.
+fn export_threads_cpu(pid: i32) -> Option<Duration> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = Duration::ZERO;
+    for task in tasks.flatten() {
+        let tid = task.file_name();
+        let tid = tid.to_string_lossy();
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if EXPORT_THREADS.iter().any(|prefix| comm.starts_with(prefix)) {
+            total += replica::cpu_time(&format!("{pid}/task/{tid}")).unwrap_or_default();
+        }
+    }
+    Some(total)
+}
+
+/// Seconds from `before` to `after`, NaN if either is unknown.
+fn since(before: Option<Duration>, after: Option<Duration>) -> f64 {
+    match (before, after) {
+        (Some(before), Some(after)) => after.saturating_sub(before).as_secs_f64(),
+        _ => f64::NAN,
+    }
+}
+
+/// Reads what a stopped server said of its traces: its last flush's line
+/// (`traces flushed …` or `traces not flushed …`) and the SDK's own
+/// warnings. Waits up to [`LOG_WAIT`] for the log's last lines to be
+/// written.
+async fn exit_counts(log: &Path) -> ExitCounts {
+    let deadline = tokio::time::Instant::now() + LOG_WAIT;
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let done = text.contains("shutdown complete");
+        if done || tokio::time::Instant::now() >= deadline {
+            return parse_exit_counts(&text);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn parse_exit_counts(log: &str) -> ExitCounts {
+    let field = |line: &str, name: &str| -> Option<u64> {
+        let rest = line.split(&format!("{name}=")).nth(1)?;
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    let mut counts = ExitCounts::default();
+    for line in log.lines() {
+        if line.contains("traces flushed") || line.contains("traces not flushed") {
+            counts.spans_exported = field(line, "spans_exported");
+            counts.spans_dropped = field(line, "spans_dropped").unwrap_or(0);
+        }
+        let sdk = [" WARN opentelemetry", " ERROR opentelemetry"];
+        if sdk.iter().any(|level| line.contains(level)) {
+            let name = line
+                .split("name=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or("(unnamed)");
+            match counts.sdk_warnings.iter_mut().find(|(n, _)| n == name) {
+                Some((_, seen)) => *seen += 1,
+                None => counts.sdk_warnings.push((name.to_owned(), 1)),
+            }
+        }
+    }
+    counts
+}
+
+impl TracesSeries {
+    /// Server spans received ÷ requests answered, one per run.
+    #[allow(clippy::cast_precision_loss)]
+    fn server_spans_per_request(&self) -> Vec<f64> {
+        self.traced
+            .iter()
+            .map(|t| t.received.server_spans as f64 / t.answered.max(1) as f64)
+            .collect()
+    }
+}
+
+/// The traces part's section: per route, the three servers under load,
+/// each traced one ÷ off run by run, and what the traced ones exported;
+/// then instructions per request.
+pub(super) fn traces_summary(o: &Options, traces: &TracesReport, footer: &str) -> String {
+    let mut text = format!(
+        "### Traces: {SERVICE} with traces off, and exporting over OTLP/HTTP and OTLP/gRPC to a receiver on loopback, closed loop, {} connections, {} rounds of {:?} (+{:?} warm-up), servers taking turns\n\n\
+         Batch span processor: {}. The receiver runs in the harness, on the load generator's core: it decodes every export, counts its spans and answers success.\n\n",
+        o.connections,
+        o.rounds,
+        o.duration,
+        o.warmup,
+        traces.settings.join(", "),
+    );
+    for case in &traces.cases {
+        let [off, http, grpc] = case.series.as_slice() else {
+            continue;
+        };
+        text.push_str(&format!(
+            "#### `{}`\n\n{}\n{}\n{}\n",
+            case.route,
+            series_table(&[&off.series, &http.series, &grpc.series], &off.series),
+            pairs_table(&[
+                (&http.series, &off.series, String::new()),
+                (&grpc.series, &off.series, String::new()),
+            ]),
+            exported_table(&case.series),
+        ));
+    }
+    text.push_str(&instructions_table(&traces.instructions));
+    text.push_str(footer);
+    text.push('\n');
+    text
+}
+
+/// What each server exported, beside its RSS and the export's CPU.
+fn exported_table(series: &[TracesSeries]) -> String {
+    let header: Vec<String> = [
+        "server",
+        "requests answered (all runs)",
+        "server spans received ÷ requests, run by run",
+        "database spans received",
+        "other spans received",
+        "spans per export (mean)",
+        "bytes per span (mean)",
+        "spans received, every kind",
+        "at exit, server's count: ended / exported / dropped",
+        "OpenTelemetry SDK warnings",
+        "RSS at end of run, MiB (median / max)",
+        "export threads' CPU µs a request (median)",
+        "receiver busy (median)",
+    ]
+    .map(str::to_owned)
+    .into();
+    let rows: Vec<Vec<String>> = series
+        .iter()
+        .map(|s| {
+            let answered: u64 = s.traced.iter().map(|t| t.answered).sum();
+            let rss: Vec<f64> = s
+                .traced
+                .iter()
+                .filter_map(|t| t.rss_kib)
+                .map(|kib| kib as f64 / 1024.0)
+                .collect();
+            let rss = if rss.is_empty() {
+                "–".to_owned()
+            } else {
+                format!(
+                    "{:.1} / {:.1}",
+                    median(rss.iter().copied()),
+                    rss.iter().copied().fold(0.0, f64::max)
+                )
+            };
+            let traced = s.transport.is_some();
+            let or_dash = |cell: String| if traced { cell } else { "–".to_owned() };
+            #[allow(clippy::cast_precision_loss)]
+            let mean = |total: u64, of: u64| {
+                if of > 0 {
+                    format!("{:.0}", total as f64 / of as f64)
+                } else {
+                    "–".to_owned()
+                }
+            };
+            let received = &s.received;
+            let warnings = if s.exit.sdk_warnings.is_empty() {
+                "none".to_owned()
+            } else {
+                s.exit
+                    .sdk_warnings
+                    .iter()
+                    .map(|(name, seen)| format!("{name} ×{seen}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            vec![
+                s.series.server.clone(),
+                answered.to_string(),
+                or_dash(fmt_ratios(&s.server_spans_per_request())),
+                or_dash(s.received.client_spans.to_string()),
+                or_dash(s.received.other_spans.to_string()),
+                or_dash(mean(received.spans(), received.exports)),
+                or_dash(mean(received.bytes, received.spans())),
+                or_dash(s.received.spans().to_string()),
+                or_dash(s.exit.spans_exported.map_or_else(
+                    || "not logged".to_owned(),
+                    |exported| {
+                        let dropped = s.exit.spans_dropped;
+                        format!("{} / {exported} / {dropped}", exported + dropped)
+                    },
+                )),
+                or_dash(warnings),
+                rss,
+                or_dash(fmt_cpu(median(
+                    s.traced
+                        .iter()
+                        .map(|t| t.export_cpu_us)
+                        .filter(|v| v.is_finite()),
+                ))),
+                or_dash(fmt_busy(median(
+                    s.traced
+                        .iter()
+                        .map(|t| t.receiver_busy)
+                        .filter(|v| v.is_finite()),
+                ))),
+            ]
+        })
+        .collect();
+    report::table(&header, &rows)
+}
+
+/// Instructions per request, off and on, per route, with on ÷ off.
+fn instructions_table(series: &[InstructionSeries]) -> String {
+    if series.is_empty() {
+        return String::new();
+    }
+    let header: Vec<String> = [
+        "route",
+        "server",
+        "instructions per request (callgrind)",
+        "÷ traces off",
+    ]
+    .map(str::to_owned)
+    .into();
+    let rows: Vec<Vec<String>> = series
+        .chunks(3)
+        .flat_map(|route| {
+            let off = route[0].per_request;
+            route.iter().map(move |s| {
+                vec![
+                    format!("`{}`", s.route),
+                    s.server.clone(),
+                    format!("{:.0}", s.per_request),
+                    ratio(s.per_request, off),
+                ]
+            })
+        })
+        .collect();
+    format!(
+        "Instructions per request under callgrind (the whole process, export threads included; the difference of a 1,000- and an 11,000-request run over 8 connections):\n\n{}\n",
+        report::table(&header, &rows)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::series;
+    use super::*;
+
+    fn traced(
+        server: &str,
+        rps: &[f64],
+        transport: Option<Transport>,
+        received: u64,
+    ) -> TracesSeries {
+        let run = TracedRun {
+            answered: 1000,
+            received: Received {
+                exports: 2,
+                server_spans: received,
+                bytes: received * 300,
+                ..Received::default()
+            },
+            rss_kib: Some(20 * 1024),
+            export_cpu_us: 2.0,
+            receiver_busy: 0.1,
+        };
+        TracesSeries {
+            series: series(server, rps),
+            transport,
+            traced: vec![run; rps.len()],
+            exit: ExitCounts {
+                spans_exported: Some(received * rps.len() as u64),
+                spans_dropped: (1000 - received) * rps.len() as u64,
+                sdk_warnings: Vec::new(),
+            },
+            received: Received {
+                exports: 4,
+                server_spans: received * rps.len() as u64,
+                bytes: received * rps.len() as u64 * 300,
+                ..Received::default()
+            },
+        }
+    }
+
+    // The summary says which settings ran, prices each transport against
+    // off run by run, and shows dropped spans rather than hiding them.
+    #[test]
+    fn the_summary_gives_on_over_off_and_the_dropped_spans() {
+        use clap::Parser;
+        let options = super::super::tests::Args::parse_from(["load"]).options;
+        let report = TracesReport {
+            settings: settings(),
+            cases: vec![TracesCase {
+                route: "GET /healthz".to_owned(),
+                series: vec![
+                    traced(&TRACES_OFF, &[100.0, 100.0], None, 0),
+                    traced(
+                        &TRACES_HTTP,
+                        &[50.0, 60.0],
+                        Some(Transport::HttpProtobuf),
+                        1000,
+                    ),
+                    traced(&TRACES_GRPC, &[40.0, 40.0], Some(Transport::Grpc), 900),
+                ],
+            }],
+            instructions: Vec::new(),
+        };
+        let text = traces_summary(&options, &report, "footer");
+        assert!(
+            text.contains("OTEL_BSP_SCHEDULE_DELAY=200 (set by the bench)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("OTEL_BSP_MAX_QUEUE_SIZE=2048 (the SDK's default)"),
+            "{text}"
+        );
+        let http = format!("| {} ÷ {} | 0.550 (0.50–0.60)", *TRACES_HTTP, *TRACES_OFF);
+        assert!(text.contains(&http), "{text}");
+        assert!(text.contains("| 2000 / 1800 / 200 "), "{text}");
+        assert!(text.contains("| 0.900 (0.90–0.90) "), "{text}");
+    }
+
+    #[test]
+    fn the_exit_counts_and_the_sdk_warnings_are_read_from_the_log() {
+        let log = "\
+2026-11-26T08:07:56Z  WARN opentelemetry_sdk: name=\"BatchSpanProcessor.SpanDroppingStarted\" message=\"dropped\"
+2026-11-26T08:07:56Z ERROR opentelemetry_sdk: name=\"BatchSpanProcessor.ExportError\" error=\"x\"
+2026-11-26T08:07:56Z ERROR opentelemetry_sdk: name=\"BatchSpanProcessor.ExportError\" error=\"y\"
+2026-11-26T08:07:56Z  WARN lameduck_lifecycle::shutdown: traces flushed, but the collector did not take every span spans_exported=1200 spans_dropped=34 requests_ended_open=0
+2026-11-26T08:07:56Z  INFO lameduck_lifecycle::shutdown: shutdown complete reason=\"SIGTERM\"";
+        let counts = parse_exit_counts(log);
+        assert_eq!(counts.spans_exported, Some(1200));
+        assert_eq!(counts.spans_dropped, 34);
+        assert_eq!(
+            counts.sdk_warnings,
+            vec![
+                ("BatchSpanProcessor.SpanDroppingStarted".to_owned(), 1),
+                ("BatchSpanProcessor.ExportError".to_owned(), 2),
+            ]
+        );
+        let clean = parse_exit_counts(
+            "x INFO lameduck_lifecycle::shutdown: traces flushed spans_exported=7 requests_ended_open=0",
+        );
+        assert_eq!(clean.spans_exported, Some(7));
+        assert_eq!(clean.spans_dropped, 0);
+        assert!(clean.sdk_warnings.is_empty());
+    }
+}

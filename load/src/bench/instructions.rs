@@ -141,7 +141,8 @@ impl Bench<'_> {
     /// whole-process counts is what a request costs. `spec` gives the
     /// server's command for a run's name (`{label}-{requests}`, its data
     /// folder and log); readiness is read at `ready`. A `route` other than
-    /// `GET /healthz` is a redirect of `bench-0`, created first.
+    /// `GET /healthz` asks for `bench-0`, created first: `GET /{code}`
+    /// (redirected), or `GET /api/links/{code}` (shown).
     ///
     /// # Errors
     /// If the server cannot start, answers otherwise, or exits other than 0.
@@ -154,7 +155,11 @@ impl Bench<'_> {
         ready: &str,
         request: &[u8],
     ) -> anyhow::Result<InstructionSeries> {
-        let expected = if route == "GET /healthz" { 200 } else { 307 };
+        let (expected, needs_link) = match route {
+            "GET /healthz" => (200, false),
+            "GET /api/links/{code}" => (200, true),
+            _ => (307, true),
+        };
         let link = create_bench_link(0);
         let mut totals = Vec::new();
         for requests in INSTRUCTION_RUNS {
@@ -177,7 +182,7 @@ impl Bench<'_> {
                 Replica::spawn(&run, &under_valgrind, &self.logs.join(format!("{run}.log")))
                     .await?;
             replica.wait_ready(ready, Duration::from_secs(120)).await?;
-            if expected == 307 {
+            if needs_link {
                 let created = RawConn::connect(replica.addr)
                     .await?
                     .exchange(&link)

@@ -2,8 +2,10 @@
 //! lameduck three ways, taking turns like the other parts: traces off (no
 //! OTLP endpoint, the lazy request span, nothing exported), and traces on
 //! over OTLP/HTTP and over OTLP/gRPC to a receiver in the harness
-//! ([`crate::otlp_sink`]), on `GET /healthz` and on the counted redirect
-//! `GET /{code}`. Beside throughput, latency and CPU a request: the spans
+//! ([`crate::otlp_sink`]), on the counted redirect `GET /{code}` (a
+//! server span) and on `GET /api/links/{code}` (a server span and the
+//! database read's client span under it; probes such as `/healthz` are never
+//! traced). Beside throughput, latency and CPU a request: the spans
 //! the receiver got against the requests answered, what the SDK dropped,
 //! the server's RSS, and the CPU of the SDK's export threads; then
 //! instructions per request under callgrind, off against on.
@@ -66,7 +68,7 @@ pub struct TracesReport {
     /// The batch processor's settings the traced servers ran with, as
     /// `NAME=value (why)`.
     pub settings: Vec<String>,
-    /// `GET /healthz`, then `GET /{code}`.
+    /// `GET /{code}`, then `GET /api/links/{code}`.
     pub cases: Vec<TracesCase>,
     /// Instructions per request under callgrind, off and on, per route.
     pub instructions: Vec<InstructionSeries>,
@@ -141,16 +143,29 @@ impl Bench<'_> {
         refuse_inherited_otel()?;
         let sink = OtlpSink::start()?;
         eprintln!("load:   OTLP receiver on {}", sink.endpoint());
-        let links: Vec<Vec<u8>> = (0..self.options.links)
-            .map(|n| raw::get(&format!("/bench-{n}")))
-            .collect();
+        let links = |path: fn(u32) -> String| -> Vec<Vec<u8>> {
+            (0..self.options.links)
+                .map(|n| raw::get(&path(n)))
+                .collect()
+        };
         let mut cases = Vec::new();
-        for (route, requests, expected) in [
-            ("GET /healthz", vec![raw::get("/healthz")], 200),
-            ("GET /{code}", links, 307),
+        for (route, short, requests, expected) in [
+            (
+                "GET /{code}",
+                "redirect",
+                links(|n| format!("/bench-{n}")),
+                307,
+            ),
+            (
+                "GET /api/links/{code}",
+                "show",
+                links(|n| format!("/api/links/bench-{n}")),
+                200,
+            ),
         ] {
+            let requests = Arc::new(requests);
             cases.push(
-                self.traces_case(&sink, route, Arc::new(requests), expected)
+                self.traces_case(&sink, route, short, requests, expected)
                     .await?,
             );
         }
@@ -181,15 +196,11 @@ impl Bench<'_> {
         &self,
         sink: &OtlpSink,
         route: &str,
+        short: &str,
         requests: Arc<Vec<Vec<u8>>>,
         expected: u16,
     ) -> anyhow::Result<TracesCase> {
         eprintln!("load:   {route}");
-        let short = if expected == 200 {
-            "healthz"
-        } else {
-            "redirect"
-        };
         let mut servers = Vec::new();
         for (name, transport, tag) in [
             (&*TRACES_OFF, None, "off"),
@@ -200,9 +211,7 @@ impl Bench<'_> {
             let replica = self
                 .start(&run, &self.traces_spec(sink, &run, transport), "/readyz")
                 .await?;
-            if expected == 307 {
-                self.create_links(&replica).await?;
-            }
+            self.create_links(&replica).await?;
             servers.push(Traced {
                 name: name.as_str(),
                 transport,
@@ -317,10 +326,10 @@ impl Bench<'_> {
     /// Instructions per request under callgrind, traces off and on over
     /// either transport, on both routes.
     async fn traces_instructions(&self, sink: &OtlpSink) -> anyhow::Result<Vec<InstructionSeries>> {
-        let healthz = raw::get("/healthz");
         let redirect = raw::get("/bench-0");
+        let show = raw::get("/api/links/bench-0");
         let mut series = Vec::new();
-        let routes = [("GET /healthz", &healthz), ("GET /{code}", &redirect)];
+        let routes = [("GET /{code}", &redirect), ("GET /api/links/{code}", &show)];
         for (case, (route, request)) in routes.into_iter().enumerate() {
             for (index, (name, transport)) in [
                 (&*TRACES_OFF, None),
@@ -683,7 +692,7 @@ mod tests {
         let report = TracesReport {
             settings: settings(),
             cases: vec![TracesCase {
-                route: "GET /healthz".to_owned(),
+                route: "GET /{code}".to_owned(),
                 series: vec![
                     traced(&TRACES_OFF, &[100.0, 100.0], None, 0),
                     traced(

@@ -248,9 +248,13 @@ impl Traces {
     where
         S: Subscriber + for<'span> LookupSpan<'span> + Send + Sync,
     {
+        // No attributes for the code location, the target or the thread:
+        // the same for every request, they would only add to each span.
         tracing_opentelemetry::layer()
             .with_tracer(self.provider.tracer(env!("CARGO_CRATE_NAME")))
             .with_tracked_inactivity(false)
+            .with_location(false)
+            .with_target(false)
             .with_threads(false)
     }
 

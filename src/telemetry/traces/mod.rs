@@ -146,6 +146,15 @@ pub struct OtlpConfig {
         value_name = "PROTOCOL"
     )]
     pub otlp_protocol: OtlpProtocol,
+
+    /// The traces' transport; wins over `--otlp-protocol`.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        value_enum,
+        value_name = "PROTOCOL"
+    )]
+    pub otlp_traces_protocol: Option<OtlpProtocol>,
 }
 
 impl OtlpConfig {
@@ -154,13 +163,18 @@ impl OtlpConfig {
         self.otlp_endpoint.is_some() || self.otlp_traces_endpoint.is_some()
     }
 
+    /// The transport: the traces' own, or the general one.
+    fn protocol(&self) -> OtlpProtocol {
+        self.otlp_traces_protocol.unwrap_or(self.otlp_protocol)
+    }
+
     /// The URL the exporter sends to.
-    fn traces_url(&self, protocol: OtlpProtocol) -> Option<String> {
+    fn traces_url(&self) -> Option<String> {
         if let Some(url) = &self.otlp_traces_endpoint {
             return Some(url.to_string());
         }
         let base = self.otlp_endpoint.as_ref()?.as_str().trim_end_matches('/');
-        Some(match protocol {
+        Some(match self.protocol() {
             OtlpProtocol::Grpc => base.to_owned(),
             OtlpProtocol::HttpProtobuf => format!("{base}/v1/traces"),
         })
@@ -195,8 +209,8 @@ impl Traces {
     /// # Errors
     /// [`TracesError`] if the exporter cannot be made.
     pub fn start(config: &OtlpConfig) -> Result<Option<Traces>, TracesError> {
-        let protocol = config.otlp_protocol;
-        let Some(url) = config.traces_url(protocol) else {
+        let protocol = config.protocol();
+        let Some(url) = config.traces_url() else {
             return Ok(None);
         };
         let exporter = match protocol {
@@ -392,18 +406,42 @@ mod tests {
     #[test]
     fn the_endpoint_is_resolved_as_the_specification_says() {
         let base = otlp(&["--otlp-endpoint", "http://collector:4318/"]);
-        let url = base.traces_url(OtlpProtocol::HttpProtobuf);
+        let url = base.traces_url();
         assert_eq!(url.as_deref(), Some("http://collector:4318/v1/traces"));
-        let url = base.traces_url(OtlpProtocol::Grpc);
-        assert_eq!(url.as_deref(), Some("http://collector:4318"));
+        let grpc = otlp(&[
+            "--otlp-endpoint",
+            "http://collector:4317/",
+            "--otlp-protocol",
+            "grpc",
+        ]);
+        assert_eq!(grpc.traces_url().as_deref(), Some("http://collector:4317"));
         let both = otlp(&[
             "--otlp-endpoint",
             "http://collector:4318",
             "--otlp-traces-endpoint",
             "https://traces.example/ingest",
         ]);
-        let url = both.traces_url(OtlpProtocol::HttpProtobuf);
+        let url = both.traces_url();
         assert_eq!(url.as_deref(), Some("https://traces.example/ingest"));
+    }
+
+    // As for the endpoint, the signal's own setting wins over the general one.
+    #[test]
+    fn the_traces_protocol_wins_over_the_general_one() {
+        assert_eq!(otlp(&[]).protocol(), OtlpProtocol::HttpProtobuf);
+        let general = otlp(&["--otlp-protocol", "grpc"]);
+        assert_eq!(general.protocol(), OtlpProtocol::Grpc);
+        let both = otlp(&[
+            "--otlp-protocol",
+            "grpc",
+            "--otlp-traces-protocol",
+            "http/protobuf",
+            "--otlp-endpoint",
+            "http://collector:4318",
+        ]);
+        assert_eq!(both.protocol(), OtlpProtocol::HttpProtobuf);
+        let url = both.traces_url();
+        assert_eq!(url.as_deref(), Some("http://collector:4318/v1/traces"));
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! signal, a collector down (both transports) or slow at shutdown: every
 //! request answered before the signal has exactly one server span, in the
 //! caller's trace when it sent a `traceparent`, and the exit keeps to its
-//! budget and its code whatever the collector does.
+//! budget and its code whatever the collector does. And the standard
+//! `OTEL_*` variables a user sets (service name, resource, headers,
+//! sampler) reach the collector, over both transports.
 
 mod support;
 
@@ -510,6 +512,126 @@ fn grpc_sigterm_idle_exports_every_span() {
 #[test]
 fn http_sigterm_idle_exports_every_span() {
     sigterm_idle(Protocol::HttpProtobuf);
+}
+
+/// What a user sets for a vendor's collector is what the collector gets:
+/// the traces' own transport over the general one, the service's name and
+/// resource attributes, headers on every export (an API key), and a sampler that keeps a caller's decision and samples none
+/// of its own traces — so only the caller's sampled trace arrives, and the
+/// log still joins every request to its trace.
+fn standard_variables_apply(protocol: Protocol) {
+    let receiver = Receiver::start(protocol, Behaviour::Answer);
+    let mut envs = traced_envs(protocol, &receiver.endpoint());
+    // The general protocol names the other transport; the traces' own wins.
+    let other = match protocol {
+        Protocol::Grpc => Protocol::HttpProtobuf,
+        Protocol::HttpProtobuf => Protocol::Grpc,
+    };
+    for (key, value) in &mut envs {
+        if *key == "OTEL_EXPORTER_OTLP_PROTOCOL" {
+            *value = other.env_value().to_owned();
+        }
+    }
+    envs.extend([
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            protocol.env_value().to_owned(),
+        ),
+        ("OTEL_SERVICE_NAME", "shortener-eu".to_owned()),
+        (
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "deployment.environment.name=tests,service.namespace=links".to_owned(),
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "authorization=Bearer%20t0ken,x-tenant=tests".to_owned(),
+        ),
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio".to_owned()),
+        ("OTEL_TRACES_SAMPLER_ARG", "0".to_owned()),
+    ]);
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut server = LameduckProcess::start(&[], &envs);
+    let addr = server.addr();
+    let created = binary::request(addr, "POST", "/api/links", Some(binary::LINK));
+    let created = created.expect("POST /api/links");
+    assert_eq!(created.status, 201, "{created:?}");
+    let code = created.json()["code"].as_str().expect("a code").to_owned();
+
+    let sampled = caller_ids();
+    let (unsampled_trace, unsampled_parent) = caller_ids();
+    let flags_off = format!("traceparent: 00-{unsampled_trace}-{unsampled_parent}-00\r\n");
+    let requests = [
+        ("sampled", headers("sampled", Some(&sampled))),
+        ("unsampled", headers("unsampled", None) + &flags_off),
+        ("untraced", headers("untraced", None)),
+    ];
+    for (_, headers) in &requests {
+        let path = format!("/api/links/{code}");
+        let shown = binary::request_with(addr, "GET", &path, headers, None);
+        assert_eq!(shown.expect("GET /api/links/{code}").status, 200);
+    }
+    server.signal(SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+
+    let spans = receiver.spans();
+    let (trace, parent) = &sampled;
+    assert!(
+        spans.iter().all(|span| &span.trace_id == trace),
+        "only the caller's sampled trace is exported:\n{spans:#?}"
+    );
+    let servers = server_spans(&spans);
+    let [shown] = servers.as_slice() else {
+        panic!("one server span expected:\n{spans:#?}");
+    };
+    assert_eq!(shown.attr_str("request_id"), Some("sampled"), "{shown:#?}");
+    assert_eq!(shown.parent_span_id.as_ref(), Some(parent), "{shown:#?}");
+    assert!(
+        spans.iter().any(|span| span.kind == otlp::SpanKind::Client
+            && span.parent_span_id.as_ref() == Some(&shown.span_id)),
+        "the read's database call is exported with it:\n{spans:#?}"
+    );
+    for span in &spans {
+        assert_eq!(span.service_name.as_deref(), Some("shortener-eu"));
+        let resource = |key| span.resource.get(key).and_then(|v| v.as_str());
+        assert_eq!(resource("deployment.environment.name"), Some("tests"));
+        assert_eq!(resource("service.namespace"), Some("links"));
+        assert_eq!(resource("service.version"), Some(env!("CARGO_PKG_VERSION")));
+    }
+
+    let exports = receiver.request_headers();
+    assert!(!exports.is_empty(), "nothing was exported");
+    for headers in &exports {
+        let header = |name| headers.get(name).map(String::as_str);
+        assert_eq!(header("authorization"), Some("Bearer t0ken"), "{headers:?}");
+        assert_eq!(header("x-tenant"), Some("tests"), "{headers:?}");
+    }
+
+    // Sampled out is not untraced: each request's log line has its trace.
+    let log = server.log_text();
+    for (id, trace) in [
+        ("sampled", Some(trace)),
+        ("unsampled", Some(&unsampled_trace)),
+        ("untraced", None),
+    ] {
+        let line = log
+            .lines()
+            .find(|line| line.contains(&format!("request_id=\"{id}\"")))
+            .unwrap_or_else(|| panic!("no line of request {id}:\n{log}"));
+        match trace {
+            Some(trace) => assert!(line.contains(&format!("trace_id={trace}")), "{line}"),
+            None => assert!(line.contains("trace_id="), "{line}"),
+        }
+    }
+}
+
+#[test]
+fn grpc_standard_variables_apply() {
+    standard_variables_apply(Protocol::Grpc);
+}
+
+#[test]
+fn http_standard_variables_apply() {
+    standard_variables_apply(Protocol::HttpProtobuf);
 }
 
 /// A request in flight at the signal, answered during the drain, is

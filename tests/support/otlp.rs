@@ -255,6 +255,12 @@ impl Receiver {
         self.shared.lock().requests
     }
 
+    /// The headers (gRPC: metadata) of each export request that arrived, in
+    /// arrival order, names in lower case.
+    pub fn request_headers(&self) -> Vec<BTreeMap<String, String>> {
+        self.shared.lock().headers.clone()
+    }
+
     /// Waits up to `timeout` until `pred` holds for the spans recorded so
     /// far, and returns them; on timeout, returns what there is, for the
     /// caller's assertion to show.
@@ -331,6 +337,7 @@ struct Shared {
 struct Collected {
     spans: Vec<ReceivedSpan>,
     requests: usize,
+    headers: Vec<BTreeMap<String, String>>,
     exports: usize,
 }
 
@@ -351,10 +358,19 @@ struct Sink {
 }
 
 impl Sink {
-    /// Counts `request` on arrival, holds it as told, and records its spans
-    /// as it answers. Dropped while held (the client left), it records nothing.
-    async fn export(&self, request: ExportTraceServiceRequest) {
-        self.shared.lock().requests += 1;
+    /// Counts `request` and keeps its `headers` on arrival, holds it as
+    /// told, and records its spans as it answers. Dropped while held (the
+    /// client left), it records no span.
+    async fn export(&self, headers: &HeaderMap, request: ExportTraceServiceRequest) {
+        let headers = headers.iter().map(|(name, value)| {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            (name.as_str().to_owned(), value)
+        });
+        {
+            let mut collected = self.shared.lock();
+            collected.requests += 1;
+            collected.headers.push(headers.collect());
+        }
         self.shared.grew.notify_all();
         if let Behaviour::Slow(hold) = self.behaviour {
             tokio::time::sleep(hold).await;
@@ -374,7 +390,8 @@ impl TraceService for Sink {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        Sink::export(self, request.into_inner()).await;
+        let headers = request.metadata().clone().into_headers();
+        Sink::export(self, &headers, request.into_inner()).await;
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
 }
@@ -392,7 +409,7 @@ async fn http_export(State(sink): State<Sink>, headers: HeaderMap, body: Bytes) 
     let Ok(request) = ExportTraceServiceRequest::decode(body) else {
         return (HttpStatus::BAD_REQUEST, "not an ExportTraceServiceRequest").into_response();
     };
-    sink.export(request).await;
+    sink.export(&headers, request).await;
     let answer = ExportTraceServiceResponse::default().encode_to_vec();
     ([(header::CONTENT_TYPE, PROTOBUF)], answer).into_response()
 }

@@ -173,11 +173,7 @@ async fn server(
 /// after every other finalizer (and force hook), and the spans of their work
 /// go with it.
 fn flush_traces_last(lifecycle: &mut Lifecycle, traces: Traces) {
-    let watch = lifecycle.watch().clone();
-    tokio::spawn(async move {
-        watch.abandoned().await;
-        traces::open::abandoning();
-    });
+    traces::open::judge_by(lifecycle.watch());
     let workers = lifecycle.workers();
     workers.on_shutdown("flush traces", traces::TRACE_FLUSH_BUDGET, {
         let traces = traces.clone();

@@ -341,6 +341,12 @@ impl Watch {
     pub fn abandoned(&self) -> WaitForCancellationFuture<'_> {
         self.timeline.abandon.cancelled()
     }
+
+    /// `true` once [`Watch::abandoned`] has resolved, and already while the
+    /// connections it drops are being dropped: what ends then can ask.
+    pub fn is_abandoned(&self) -> bool {
+        self.timeline.abandon.is_cancelled()
+    }
 }
 
 #[cfg(test)]
@@ -370,6 +376,7 @@ mod tests {
         let watch = shutdown.watch();
         assert!(watch.is_triggered());
         assert!(watch.is_forced());
+        assert!(watch.is_abandoned());
         assert!(token.is_cancelled());
         assert_eq!(watch.reason(), Some("second SIGTERM"));
         assert_eq!(watch.force_reason(), Some("second SIGTERM"));
@@ -384,8 +391,10 @@ mod tests {
         let token = shutdown.watch().request_token();
         shutdown.trigger_handle().trigger("SIGTERM");
         shutdown.cancel_requests();
+        assert!(!shutdown.watch().is_abandoned());
         shutdown.abandon_requests();
         let watch = shutdown.watch();
+        assert!(watch.is_abandoned());
         assert!(token.is_cancelled());
         assert!(watch.abandoned_work().is_some());
         assert!(!watch.is_forced());

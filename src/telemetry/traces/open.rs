@@ -11,16 +11,18 @@
 //! left, with an error status saying why ([`end_all`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
+use lameduck_lifecycle::Watch;
 use opentelemetry::trace::{Status, TraceContextExt};
 use opentelemetry::{Context, KeyValue};
 
 /// Why a span still open at the last flush ends in error.
 pub const STILL_RUNNING: &str = "abandoned: still running when the process exited";
 
-/// Why a span still open after a second signal ends in error.
+/// Why a span still open after a second signal, or dropped unanswered
+/// then, ends in error.
 pub const FORCED: &str = "abandoned: the shutdown was forced";
 
 /// Why a request dropped unanswered after the lifecycle gave up on its
@@ -35,8 +37,8 @@ static OPEN: Mutex<Option<HashMap<u64, Context>>> = Mutex::new(None);
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
-/// Set once the lifecycle has abandoned the remaining requests.
-static ABANDONING: AtomicBool = AtomicBool::new(false);
+/// The lifecycle's timeline: has it abandoned the remaining requests?
+static LIFECYCLE: OnceLock<Watch> = OnceLock::new();
 
 fn open() -> MutexGuard<'static, Option<HashMap<u64, Context>>> {
     // A panic while the map was held left it whole: each operation is one
@@ -44,10 +46,14 @@ fn open() -> MutexGuard<'static, Option<HashMap<u64, Context>>> {
     OPEN.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Tells the spans of requests dropped unanswered from now on that the
-/// server gave up on them (see `Watch::abandoned`).
-pub fn abandoning() {
-    ABANDONING.store(true, Ordering::Relaxed);
+/// Lets the span of a request dropped unanswered tell why: once `watch`
+/// says the lifecycle abandoned the connections left (`Watch::abandoned`:
+/// the deadline's grace passed, or a second signal forced the exit), the
+/// server gave up on it; before, its client did. Asked as the span
+/// ends — the connection is dropped after the abandon, never before — so
+/// the answer cannot race a task that would have to run first.
+pub fn judge_by(watch: &Watch) {
+    let _ = LIFECYCLE.set(watch.clone());
 }
 
 /// A request's span, listed while open.
@@ -80,10 +86,10 @@ impl Registration {
             return;
         };
         if !answered {
-            let why = if ABANDONING.load(Ordering::Relaxed) {
-                ABANDONED
-            } else {
-                CLIENT_WENT_AWAY
+            let why = match LIFECYCLE.get() {
+                Some(watch) if watch.is_forced() => FORCED,
+                Some(watch) if watch.is_abandoned() => ABANDONED,
+                _ => CLIENT_WENT_AWAY,
             };
             fail(&context, why);
         }
@@ -139,10 +145,18 @@ mod tests {
         }
     }
 
+    /// The list is the process's: one test at a time uses it.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     // A span ended on its own leaves the list; one still listed at the last
     // flush is ended there, in error, once — its own end later is a no-op.
     #[test]
     fn spans_left_open_are_ended_in_error_once() {
+        let _turn = one_at_a_time();
         let ended = Ended::default();
         let provider = SdkTracerProvider::builder()
             .with_span_processor(ended.clone())
@@ -167,6 +181,44 @@ mod tests {
             [
                 ("answered", Status::Unset),
                 ("left open", Status::error(STILL_RUNNING)),
+            ]
+        );
+    }
+
+    // Unanswered, a span says whose doing that was: the client's, until the
+    // lifecycle gives up on the connections left; the server's from then on.
+    #[test]
+    fn an_unanswered_span_says_who_gave_up() {
+        let _turn = one_at_a_time();
+        let ended = Ended::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(ended.clone())
+            .build();
+        let tracer = provider.tracer("test");
+        let open =
+            |name: &'static str| Registration::new(Context::current_with_span(tracer.start(name)));
+        let shutdown = lameduck_lifecycle::Shutdown::new();
+        judge_by(shutdown.watch());
+        open("hung up").end(false);
+        shutdown.trigger_handle().trigger("SIGTERM");
+        open("hung up while the server drains").end(false);
+        shutdown.force_handle().force("second SIGTERM");
+        open("dropped by the forced exit").end(false);
+
+        let ended = ended.0.lock().expect("lock");
+        let outcomes: Vec<_> = ended
+            .iter()
+            .map(|span| (span.name.as_ref(), span.status.clone()))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                ("hung up", Status::error(CLIENT_WENT_AWAY)),
+                (
+                    "hung up while the server drains",
+                    Status::error(CLIENT_WENT_AWAY)
+                ),
+                ("dropped by the forced exit", Status::error(FORCED)),
             ]
         );
     }

@@ -368,13 +368,7 @@ pub fn main(options: Options, mut machine: Machine) -> ExitCode {
             binaries::install_test_deps(&["abuse"])?;
         }
         raise_fd_limit();
-        let binaries = match &options.bin_dir {
-            Some(dir) => {
-                machine.prebuilt(dir);
-                Binaries::in_dir(dir)?
-            }
-            None => Binaries::build()?,
-        };
+        let binaries = Binaries::for_run(options.bin_dir.as_deref(), &mut machine)?;
         let out = options.out.clone().unwrap_or_else(|| {
             let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
             binaries::workspace_root()

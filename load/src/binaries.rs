@@ -8,6 +8,7 @@ use std::sync::LazyLock;
 
 use anyhow::{anyhow, bail, Context};
 
+use crate::machine::Machine;
 use crate::SERVICE;
 
 /// Paths of the server binaries.
@@ -113,6 +114,22 @@ impl Binaries {
             }
         }
         Binaries::pick(|name| found.get(name).cloned())
+    }
+
+    /// The servers a run measures: those in `dir` when it is given (and
+    /// `machine` says so: the workspace's revision may not be theirs), or
+    /// those [`Binaries::build`] builds now.
+    ///
+    /// # Errors
+    /// As [`Binaries::in_dir`] or [`Binaries::build`].
+    pub fn for_run(dir: Option<&Path>, machine: &mut Machine) -> anyhow::Result<Binaries> {
+        match dir {
+            Some(dir) => {
+                machine.prebuilt(dir);
+                Binaries::in_dir(dir)
+            }
+            None => Binaries::build(),
+        }
     }
 
     /// The binaries in `dir` (`target/release`), built beforehand.

@@ -35,17 +35,27 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the runtime API is polled while waiting for a state.
 const STATUS_POLL: Duration = Duration::from_millis(25);
 
-/// The balancer's health checking, the source of the endpoint-removal lag.
-#[derive(Clone, Copy, Debug, Serialize)]
+/// The balancer's health checking, the source of the endpoint-removal lag;
+/// by default a Kubernetes Service's: a readiness probe every 500 ms, out
+/// after 2 failures, in after 1, and no retry. The options of every
+/// scenario with a balancer.
+#[derive(Clone, Copy, Debug, clap::Args, Serialize)]
 pub struct Checks {
-    /// Interval between two checks of one server.
+    /// The balancer's health-check interval.
+    #[arg(long = "check-inter", value_name = "DURATION", default_value = "500ms", value_parser = humantime::parse_duration)]
     #[serde(with = "crate::report::millis")]
     pub inter: Duration,
-    /// Failed checks in a row that take a server out.
+    /// Failed checks in a row before the balancer takes a replica out.
+    #[arg(long = "check-fall", value_name = "N", default_value_t = 2)]
     pub fall: u32,
-    /// Passed checks in a row that put a server back.
+    /// Passed checks in a row before the balancer puts a replica back.
+    #[arg(long = "check-rise", value_name = "N", default_value_t = 1)]
     pub rise: u32,
-    /// Retries of a failed connection to a server (HAProxy's `retries`).
+    /// Balancer retries of a failed connection to a replica (HAProxy's
+    /// `retries`): 0 by default, like kube-proxy (an L4 Service does not
+    /// retry); HAProxy's own default is 3, which hides part of the failures
+    /// behind a delay.
+    #[arg(long = "lb-retries", value_name = "N", default_value_t = 0)]
     pub retries: u32,
 }
 

@@ -63,13 +63,7 @@ fn run_rollout(options: rollout::Options, mut machine: Machine) -> ExitCode {
         if !options.no_install {
             binaries::install_test_deps(&["postgres", "haproxy"])?;
         }
-        let binaries = match &options.bin_dir {
-            Some(dir) => {
-                machine.prebuilt(dir);
-                Binaries::in_dir(dir)?
-            }
-            None => Binaries::build()?,
-        };
+        let binaries = Binaries::for_run(options.bin_dir.as_deref(), &mut machine)?;
         let out = output_dir(options.out.clone(), "rollout");
         let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
         let check = options.check;
@@ -100,13 +94,7 @@ fn run_outage(options: outage::Options, mut machine: Machine) -> ExitCode {
         if !options.no_install {
             binaries::install_test_deps(&["postgres", "haproxy"])?;
         }
-        let binaries = match &options.bin_dir {
-            Some(dir) => {
-                machine.prebuilt(dir);
-                Binaries::in_dir(dir)?
-            }
-            None => Binaries::build()?,
-        };
+        let binaries = Binaries::for_run(options.bin_dir.as_deref(), &mut machine)?;
         let out = output_dir(options.out.clone(), "outage");
         let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
         let check = options.check;

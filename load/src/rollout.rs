@@ -138,21 +138,9 @@ pub struct Options {
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     #[serde(with = "crate::report::millis")]
     pub timeout: Duration,
-    /// The balancer's health-check interval.
-    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
-    #[serde(with = "crate::report::millis")]
-    pub check_inter: Duration,
-    /// Balancer retries of a failed connection to a replica: 0 by default,
-    /// like kube-proxy (an L4 Service does not retry); HAProxy's own
-    /// default is 3, which hides part of the failures behind a delay.
-    #[arg(long, default_value_t = 0)]
-    pub lb_retries: u32,
-    /// Failed checks in a row before the balancer takes a replica out.
-    #[arg(long, default_value_t = 2)]
-    pub check_fall: u32,
-    /// Passed checks in a row before the balancer puts a replica in.
-    #[arg(long, default_value_t = 1)]
-    pub check_rise: u32,
+    /// The balancer's health checks.
+    #[command(flatten)]
+    pub checks: Checks,
     /// The flavors to roll, in this order.
     #[arg(
         long,
@@ -194,15 +182,6 @@ impl Options {
             self.check = true;
         }
         self
-    }
-
-    fn checks(&self) -> Checks {
-        Checks {
-            inter: self.check_inter,
-            fall: self.check_fall,
-            rise: self.check_rise,
-            retries: self.lb_retries,
-        }
     }
 }
 
@@ -341,8 +320,6 @@ pub struct RolloutReport {
     pub options: Options,
     /// The traffic.
     pub mix: Mix,
-    /// The balancer's checks.
-    pub checks: Checks,
     /// One per flavor, in run order.
     pub results: Vec<FlavorResult>,
 }
@@ -360,7 +337,7 @@ pub async fn run(
     machine: Machine,
     out: &Path,
 ) -> anyhow::Result<RolloutReport> {
-    let checks = options.checks();
+    let checks = options.checks;
     if options.flavors.contains(&Flavor::Lameduck) && options.drain_delay <= checks.worst_lag() {
         eprintln!(
             "load: warning: --drain-delay {:?} does not outlast the balancer's worst lag {:?} \
@@ -385,7 +362,6 @@ pub async fn run(
         machine,
         options,
         mix,
-        checks,
         results,
     })
 }
@@ -889,10 +865,10 @@ pub fn summary(report: &RolloutReport) -> String {
         o.create_share * 100.0,
         o.links,
         o.timeout,
-        o.check_inter,
-        o.check_fall,
-        o.check_rise,
-        o.lb_retries,
+        o.checks.inter,
+        o.checks.fall,
+        o.checks.rise,
+        o.checks.retries,
         report.machine.line(),
         report.machine.command
     )

@@ -43,12 +43,9 @@ pub struct Options {
 }
 
 /// Runs the soak and prints its table; exit code 1 if a check failed.
-pub fn main(options: Options, machine: Machine) -> ExitCode {
+pub fn main(options: Options, mut machine: Machine) -> ExitCode {
     let result = (|| -> anyhow::Result<String> {
-        let binaries = match &options.bin_dir {
-            Some(dir) => Binaries::in_dir(dir)?,
-            None => Binaries::build()?,
-        };
+        let binaries = Binaries::for_run(options.bin_dir.as_deref(), &mut machine)?;
         let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
         runtime.block_on(run(&options, &binaries, &machine))
     })();

@@ -14,34 +14,9 @@
 //! test's own (debug) profile, and installs HAProxy and PostgreSQL when
 //! missing.
 
-use std::process::Command;
-use std::time::Instant;
+mod support;
 
 #[test]
 fn through_the_balancer_a_misbehaving_database_fails_no_cached_redirect_and_loses_no_hit() {
-    let out = tempfile::Builder::new()
-        .prefix(&format!("{}-outage-smoke-", load::SERVICE))
-        .tempdir()
-        .expect("a temporary output folder");
-    let started = Instant::now();
-    let output = Command::new(env!("CARGO_BIN_EXE_load"))
-        .args(["outage", "--smoke", "--out"])
-        .arg(out.path())
-        .output()
-        .expect("run the load binary");
-    let elapsed = started.elapsed();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "load outage --smoke failed ({}) after {elapsed:?}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
-        output.status
-    );
-    assert!(
-        stdout.contains("**redirects failed**") && out.path().join("outage.json").is_file(),
-        "no summary or JSON written\n{stdout}"
-    );
-    println!("{stdout}");
-    // A correctness run: the time is only reported.
-    println!("smoke outage took {elapsed:?}");
+    support::smoke("outage", "**redirects failed**");
 }

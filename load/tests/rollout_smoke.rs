@@ -9,34 +9,9 @@
 //! lameduck -p load --bins`, a no-op when they are fresh), and installs
 //! HAProxy and PostgreSQL with scripts/install-test-deps.sh when missing.
 
-use std::process::Command;
-use std::time::Instant;
+mod support;
 
 #[test]
 fn rolling_lameduck_under_load_fails_no_request_and_loses_no_hit() {
-    let out = tempfile::Builder::new()
-        .prefix(&format!("{}-rollout-smoke-", load::SERVICE))
-        .tempdir()
-        .expect("a temporary output folder");
-    let started = Instant::now();
-    let output = Command::new(env!("CARGO_BIN_EXE_load"))
-        .args(["rollout", "--smoke", "--out"])
-        .arg(out.path())
-        .output()
-        .expect("run the load binary");
-    let elapsed = started.elapsed();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "load rollout --smoke failed ({}) after {elapsed:?}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
-        output.status
-    );
-    assert!(
-        stdout.contains("| **failed**") && out.path().join("rollout.json").is_file(),
-        "no summary or JSON written\n{stdout}"
-    );
-    println!("{stdout}");
-    // A correctness check, not a timing check: the time is only reported.
-    println!("smoke rollout took {elapsed:?}");
+    support::smoke("rollout", "| **failed**");
 }

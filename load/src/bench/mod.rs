@@ -272,13 +272,7 @@ pub fn main(options: Options, mut machine: Machine) -> ExitCode {
         if options.parts.contains(&Part::H2) {
             binaries::install_test_deps(&["h2load"])?;
         }
-        let binaries = match &options.bin_dir {
-            Some(dir) => {
-                machine.prebuilt(dir);
-                Binaries::in_dir(dir)?
-            }
-            None => Binaries::build()?,
-        };
+        let binaries = Binaries::for_run(options.bin_dir.as_deref(), &mut machine)?;
         let pin = !options.no_pin && machine.cores >= 2;
         let placement = if pin {
             pin_self_to_last_cpu(machine.cores)?;

@@ -145,16 +145,9 @@ pub struct Options {
     #[arg(long, default_value = "35s", value_parser = humantime::parse_duration)]
     #[serde(with = "crate::report::millis")]
     pub timeout: Duration,
-    /// The balancer's health-check interval.
-    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
-    #[serde(with = "crate::report::millis")]
-    pub check_inter: Duration,
-    /// Failed checks in a row before the balancer takes a replica out.
-    #[arg(long, default_value_t = 2)]
-    pub check_fall: u32,
-    /// Passed checks in a row before the balancer puts a replica back.
-    #[arg(long, default_value_t = 1)]
-    pub check_rise: u32,
+    /// The balancer's health checks.
+    #[command(flatten)]
+    pub checks: Checks,
     /// The flavors to run, in this order.
     #[arg(
         long,
@@ -197,15 +190,6 @@ impl Options {
             self.check = true;
         }
         self
-    }
-
-    fn checks(&self) -> Checks {
-        Checks {
-            inter: self.check_inter,
-            fall: self.check_fall,
-            rise: self.check_rise,
-            retries: 0,
-        }
     }
 
     fn mix(&self, phase_index: u64) -> Mix {
@@ -269,8 +253,6 @@ pub struct OutageReport {
     pub machine: Machine,
     /// The options after `--smoke`.
     pub options: Options,
-    /// The balancer's checks.
-    pub checks: Checks,
     /// One per flavor, in run order.
     pub results: Vec<FlavorResult>,
 }
@@ -300,7 +282,6 @@ pub async fn run(
         .ok();
     Ok(OutageReport {
         machine,
-        checks: options.checks(),
         results: result?,
         options,
     })
@@ -362,7 +343,7 @@ async fn run_flavor(
     let scratch = tempfile::Builder::new()
         .prefix(&format!("{SERVICE}-outage-"))
         .tempdir()?;
-    let checks = options.checks();
+    let checks = options.checks;
     let lb = Haproxy::start(
         checks,
         usize::from(options.replicas),

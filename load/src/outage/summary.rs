@@ -181,7 +181,7 @@ pub fn summary(report: &OutageReport) -> String {
          {:.0}% `POST /api/links`, {:.0}% `GET /api/links/{{code}}`, the rest `GET /{{code}}` over {} links \
          every replica has served; {:?} of it before and after each disturbance; client timeout {:?}. \
          Balancer: `/readyz` on each replica's admin port every {:?}, out after {} failures, in after {}, \
-         no retries. Replicas: `--request-timeout {:?}`, one PostgreSQL, each through a relay of its own \
+         {} retries. Replicas: `--request-timeout {:?}`, one PostgreSQL, each through a relay of its own \
          (phase (d) stops the last one's). Between phases the traffic pauses until every replica has \
          flushed its pending hits.\n\nMachine: {}\n\nCommand: `{}`\n",
         o.rate,
@@ -192,9 +192,10 @@ pub fn summary(report: &OutageReport) -> String {
         o.links,
         o.steady,
         o.timeout,
-        o.check_inter,
-        o.check_fall,
-        o.check_rise,
+        o.checks.inter,
+        o.checks.fall,
+        o.checks.rise,
+        o.checks.retries,
         o.request_timeout,
         report.machine.line(),
         report.machine.command

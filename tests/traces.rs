@@ -11,8 +11,8 @@
 //! request answered before the signal has exactly one server span, in the
 //! caller's trace when it sent a `traceparent`, and the exit keeps to its
 //! budget and its code whatever the collector does. And the standard
-//! `OTEL_*` variables a user sets (service name, resource, headers,
-//! sampler) reach the collector, over both transports.
+//! `OTEL_*` variables a user sets (the traces' protocol, service name,
+//! resource, headers, sampler) reach the collector, over both transports.
 
 mod support;
 
@@ -516,9 +516,10 @@ fn http_sigterm_idle_exports_every_span() {
 
 /// What a user sets for a vendor's collector is what the collector gets:
 /// the traces' own transport over the general one, the service's name and
-/// resource attributes, headers on every export (an API key), and a sampler that keeps a caller's decision and samples none
-/// of its own traces — so only the caller's sampled trace arrives, and the
-/// log still joins every request to its trace.
+/// resource attributes, headers on every export (an API key), and a
+/// sampler that keeps a caller's decision and samples none of its own
+/// traces — so only the caller's sampled trace arrives, and the log still
+/// joins every request to its trace.
 fn standard_variables_apply(protocol: Protocol) {
     let receiver = Receiver::start(protocol, Behaviour::Answer);
     let mut envs = traced_envs(protocol, &receiver.endpoint());
@@ -561,11 +562,11 @@ fn standard_variables_apply(protocol: Protocol) {
     let (unsampled_trace, unsampled_parent) = caller_ids();
     let flags_off = format!("traceparent: 00-{unsampled_trace}-{unsampled_parent}-00\r\n");
     let requests = [
-        ("sampled", headers("sampled", Some(&sampled))),
-        ("unsampled", headers("unsampled", None) + &flags_off),
-        ("untraced", headers("untraced", None)),
+        headers("sampled", Some(&sampled)),
+        headers("unsampled", None) + &flags_off,
+        headers("untraced", None),
     ];
-    for (_, headers) in &requests {
+    for headers in &requests {
         let path = format!("/api/links/{code}");
         let shown = binary::request_with(addr, "GET", &path, headers, None);
         assert_eq!(shown.expect("GET /api/links/{code}").status, 200);

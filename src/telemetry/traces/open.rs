@@ -145,42 +145,60 @@ mod tests {
         }
     }
 
-    /// The list is the process's: one test at a time uses it.
+    /// Spans listed here, and what became of them. The list is the
+    /// process's: one test at a time has a recorder.
+    struct Recorder {
+        ended: Ended,
+        provider: SdkTracerProvider,
+        _turn: MutexGuard<'static, ()>,
+    }
+
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-        ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)
+    impl Recorder {
+        fn new() -> Recorder {
+            let turn = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+            let ended = Ended::default();
+            let provider = SdkTracerProvider::builder()
+                .with_span_processor(ended.clone())
+                .build();
+            Recorder {
+                ended,
+                provider,
+                _turn: turn,
+            }
+        }
+
+        /// Starts a span named `name` and lists it.
+        fn open(&self, name: &'static str) -> Registration {
+            let span = self.provider.tracer("test").start(name);
+            Registration::new(Context::current_with_span(span))
+        }
+
+        /// The spans ended so far: name and status, in order.
+        fn outcomes(&self) -> Vec<(String, Status)> {
+            let ended = self.ended.0.lock().expect("lock");
+            let outcome = |span: &SpanData| (span.name.to_string(), span.status.clone());
+            ended.iter().map(outcome).collect()
+        }
     }
 
     // A span ended on its own leaves the list; one still listed at the last
     // flush is ended there, in error, once — its own end later is a no-op.
     #[test]
     fn spans_left_open_are_ended_in_error_once() {
-        let _turn = one_at_a_time();
-        let ended = Ended::default();
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(ended.clone())
-            .build();
-        let tracer = provider.tracer("test");
-        let open =
-            |name: &'static str| Registration::new(Context::current_with_span(tracer.start(name)));
-        let answered = open("answered");
-        let left = open("left open");
+        let spans = Recorder::new();
+        let answered = spans.open("answered");
+        let left = spans.open("left open");
         answered.end(true);
         assert_eq!(end_all(STILL_RUNNING), 1);
         left.end(true);
         assert_eq!(end_all(STILL_RUNNING), 0);
-
-        let ended = ended.0.lock().expect("lock");
-        let outcomes: Vec<_> = ended
-            .iter()
-            .map(|span| (span.name.as_ref(), span.status.clone()))
-            .collect();
         assert_eq!(
-            outcomes,
+            spans.outcomes(),
             [
-                ("answered", Status::Unset),
-                ("left open", Status::error(STILL_RUNNING)),
+                ("answered".to_owned(), Status::Unset),
+                ("left open".to_owned(), Status::error(STILL_RUNNING)),
             ]
         );
     }
@@ -189,36 +207,24 @@ mod tests {
     // lifecycle gives up on the connections left; the server's from then on.
     #[test]
     fn an_unanswered_span_says_who_gave_up() {
-        let _turn = one_at_a_time();
-        let ended = Ended::default();
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(ended.clone())
-            .build();
-        let tracer = provider.tracer("test");
-        let open =
-            |name: &'static str| Registration::new(Context::current_with_span(tracer.start(name)));
+        let spans = Recorder::new();
         let shutdown = lameduck_lifecycle::Shutdown::new();
         judge_by(shutdown.watch());
-        open("hung up").end(false);
+        spans.open("hung up").end(false);
         shutdown.trigger_handle().trigger("SIGTERM");
-        open("hung up while the server drains").end(false);
+        spans.open("hung up while the server drains").end(false);
         shutdown.force_handle().force("second SIGTERM");
-        open("dropped by the forced exit").end(false);
-
-        let ended = ended.0.lock().expect("lock");
-        let outcomes: Vec<_> = ended
-            .iter()
-            .map(|span| (span.name.as_ref(), span.status.clone()))
-            .collect();
+        spans.open("dropped by the forced exit").end(false);
+        let client = Status::error(CLIENT_WENT_AWAY);
         assert_eq!(
-            outcomes,
+            spans.outcomes(),
             [
-                ("hung up", Status::error(CLIENT_WENT_AWAY)),
+                ("hung up".to_owned(), client.clone()),
+                ("hung up while the server drains".to_owned(), client),
                 (
-                    "hung up while the server drains",
-                    Status::error(CLIENT_WENT_AWAY)
+                    "dropped by the forced exit".to_owned(),
+                    Status::error(FORCED)
                 ),
-                ("dropped by the forced exit", Status::error(FORCED)),
             ]
         );
     }

@@ -190,6 +190,22 @@ pub struct Run {
     pub client_busy: f64,
 }
 
+impl Run {
+    /// A closed-loop run's figures: what `result` counted, priced by what
+    /// the server and the load generator `spent` over it.
+    fn measured(result: &raw::LoopResult, spent: CpuSpent) -> Run {
+        Run {
+            rps: result.throughput(),
+            p50_ms: result.latency_ms(0.50),
+            p99_ms: result.latency_ms(0.99),
+            unexpected: result.unexpected,
+            errors: result.errors,
+            cpu_us: spent.server_us_per(result.ok),
+            client_busy: spent.load / result.elapsed.as_secs_f64(),
+        }
+    }
+}
+
 /// Every run of one server, and their medians.
 #[derive(Clone, Debug, Serialize)]
 pub struct Series {
@@ -577,15 +593,7 @@ impl Bench<'_> {
         let mark = CpuMark::take(target.pid, Harness::Own);
         let result = load(self.options.duration).await;
         let spent = mark.spent();
-        let run = Run {
-            rps: result.throughput(),
-            p50_ms: result.latency_ms(0.50),
-            p99_ms: result.latency_ms(0.99),
-            unexpected: result.unexpected,
-            errors: result.errors,
-            cpu_us: spent.server_us_per(result.ok),
-            client_busy: spent.load / result.elapsed.as_secs_f64(),
-        };
+        let run = Run::measured(&result, spent);
         eprintln!(
             "load:   round {}/{} {}: {:.0} req/s, p50 {} ms, p99 {} ms, server CPU {:.2} µs a request, load generator {:.0} % of a core{}",
             round + 1,

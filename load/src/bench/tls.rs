@@ -254,15 +254,7 @@ impl Bench<'_> {
                     }
                     _ => 0.0,
                 };
-                let run = Run {
-                    rps: result.throughput(),
-                    p50_ms: result.latency_ms(0.50),
-                    p99_ms: result.latency_ms(0.99),
-                    unexpected: result.unexpected,
-                    errors: result.errors,
-                    cpu_us: spent.server_us_per(result.ok),
-                    client_busy: spent.load / seconds,
-                };
+                let run = Run::measured(&result, spent);
                 eprintln!(
                     "load:   round {}/{} {}: {:.0} req/s, p50 {} ms, p99 {} ms, server CPU {:.1} µs per request ({:.0} % of a core), harness {:.0} %{}{}",
                     round + 1,

@@ -26,7 +26,7 @@ pub use serve::{serve, DrainOutcome, DrainReport};
 pub use shutdown::{Force, Phase, Shutdown, Trigger, Watch};
 pub use task::HttpService;
 pub use timeline::{Lifecycle, Report, Serve};
-pub use workers::{BoxError, Outcome, StopReport, Stopped, Workers};
+pub use workers::{BoxError, Kept, Outcome, StopReport, Stopped, Workers};
 
 use std::time::Duration;
 

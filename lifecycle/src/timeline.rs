@@ -46,13 +46,16 @@ pub struct Report {
 }
 
 impl Report {
-    /// Every request finished, every worker and finalizer did its work and
-    /// nothing was forced: exit 0.
+    /// Every request finished, every worker and finalizer did its work,
+    /// nothing was forced and every stateful component's updates reached
+    /// its store: exit 0.
     pub fn is_clean(&self) -> bool {
         self.drain.outcome == DrainOutcome::Clean
             && !self.stop.forced
             && !self.stop.worker_failed()
             && !self.stop.finalizer_failed()
+            && !self.stop.state_spilled()
+            && !self.stop.state_lost()
     }
 }
 

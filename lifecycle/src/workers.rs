@@ -82,6 +82,26 @@ pub struct Stopped {
     pub took: Duration,
 }
 
+/// Where the in-memory state of one component went by the exit: read from
+/// the component after its finalizer and force hook ran
+/// ([`Workers::on_report`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Kept {
+    /// The component's name.
+    pub name: &'static str,
+    /// Updates this process applied to the component's store.
+    pub flushed: u64,
+    /// Updates left on disk for the next start (or a replica sharing the
+    /// directory) to apply: the store could not take them in time.
+    pub spilled: u64,
+    /// Updates kept nowhere: the process acknowledged them and they are
+    /// gone.
+    pub lost: u64,
+}
+
+/// What reads a component's [`Kept`] at the end of the stop.
+type Tally = Box<dyn FnOnce() -> Kept + Send>;
+
 /// What stopping the workers and running the finalizers did.
 #[derive(Clone, Debug, Default)]
 pub struct StopReport {
@@ -90,6 +110,8 @@ pub struct StopReport {
     pub stopped: Vec<Stopped>,
     /// A second signal forced the shutdown before everything had finished.
     pub forced: bool,
+    /// Where each stateful component's updates went, in registration order.
+    pub kept: Vec<Kept>,
 }
 
 impl StopReport {
@@ -112,6 +134,21 @@ impl StopReport {
             "finalizer" | "force hook" => !matches!(s.outcome, Outcome::Done | Outcome::Skipped),
             _ => false,
         })
+    }
+
+    /// `true` if any component lost an update it had acknowledged.
+    pub fn state_lost(&self) -> bool {
+        self.kept.iter().any(|kept| kept.lost > 0)
+    }
+
+    /// `true` if any component left updates on disk for the next start.
+    pub fn state_spilled(&self) -> bool {
+        self.kept.iter().any(|kept| kept.spilled > 0)
+    }
+
+    /// The tally of the component registered as `name`, if any.
+    pub fn kept(&self, name: &str) -> Option<&Kept> {
+        self.kept.iter().find(|kept| kept.name == name)
     }
 
     /// `name=outcome(ms)` for each entry, for the exit summary line.
@@ -157,6 +194,7 @@ pub struct Workers {
     critical: Vec<CriticalWorker>,
     finalizers: Vec<Finalizer>,
     force_hooks: Vec<(&'static str, ForceHook)>,
+    tallies: Vec<Tally>,
 }
 
 impl std::fmt::Debug for Workers {
@@ -181,6 +219,7 @@ impl Workers {
             critical: Vec::new(),
             finalizers: Vec::new(),
             force_hooks: Vec::new(),
+            tallies: Vec::new(),
         }
     }
 
@@ -258,6 +297,17 @@ impl Workers {
         self.force_hooks.push((name, Box::new(hook)));
     }
 
+    /// Registers what reads where a stateful component's updates went,
+    /// once its finalizer and force hook have run; the stop report carries
+    /// it ([`StopReport::kept`]), and an exit code can say "state lost" or
+    /// "state spilled" from it.
+    pub fn on_report<F>(&mut self, tally: F)
+    where
+        F: FnOnce() -> Kept + Send + 'static,
+    {
+        self.tallies.push(Box::new(tally));
+    }
+
     /// The longest [`Workers::stop`] can take: the slowest critical worker's
     /// budget plus every finalizer's.
     pub fn budget(&self) -> Duration {
@@ -319,6 +369,7 @@ impl Workers {
         if report.forced {
             run_force_hooks(self.force_hooks, &mut report);
         }
+        report.kept = self.tallies.into_iter().map(|tally| tally()).collect();
         report
     }
 }

@@ -30,23 +30,26 @@ ENV CARGO_TERM_COLOR=never \
 # 1. Dependencies only: the workspace's manifests and empty targets.
 COPY Cargo.toml Cargo.lock ./
 COPY lifecycle/Cargo.toml lifecycle/Cargo.toml
+COPY writebehind/Cargo.toml writebehind/Cargo.toml
 COPY load/Cargo.toml load/Cargo.toml
-RUN mkdir -p src lifecycle/src load/src \
+RUN mkdir -p src lifecycle/src writebehind/src load/src \
     && printf '//! Stand-in.\nfn main() {}\n' > src/main.rs \
     && printf '//! Stand-in.\n' > src/lib.rs \
     && printf '//! Stand-in.\n' > lifecycle/src/lib.rs \
+    && printf '//! Stand-in.\n' > writebehind/src/lib.rs \
     && printf 'fn main() {}\n' > load/src/main.rs \
     && cargo build --release --locked -p lameduck \
-    && cargo clean --release --locked -p lameduck -p lameduck-lifecycle \
-    && rm -rf src lifecycle/src
+    && cargo clean --release --locked -p lameduck -p lameduck-lifecycle -p lameduck-writebehind \
+    && rm -rf src lifecycle/src writebehind/src
 
 # 2. The project itself (sqlx embeds migrations/ at compile time).
 COPY migrations migrations
 COPY lifecycle lifecycle
+COPY writebehind writebehind
 COPY src src
 # COPY keeps the files' times, which may be older than the stand-ins built
 # above: touch them so cargo cannot mistake them for already built.
-RUN find src lifecycle migrations -type f -exec touch {} + \
+RUN find src lifecycle writebehind migrations -type f -exec touch {} + \
     && cargo build --release --locked -p lameduck --bin lameduck \
     && install -D -m 0755 target/release/lameduck /out/lameduck \
     && mkdir -p /out/data /out/spill

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use axum::Router;
 use prometheus_client::registry::Registry;
-use tracing::Instrument;
 
 use crate::config::ServerConfig;
 use crate::http::lifecycle_metrics::LifecycleCollector;
@@ -17,33 +16,29 @@ use crate::http::{
 };
 use crate::lifecycle::handoff::{Inherited, Listeners};
 use crate::lifecycle::{
-    self, DrainReport, Lifecycle, StopReport, ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE, LOG_TARGET,
+    self, DrainReport, Lifecycle, StopReport, ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE,
 };
 use crate::links::cache::LinkCache;
-use crate::links::hits::{self, HitCounter};
+use crate::links::hits::{self, HitCounter, HitSink};
 use crate::links::live::LiveHits;
-use crate::links::spill::{self, ReplayError};
 use crate::listen::{self, ListenAddr, PublicListener, Socket};
 use crate::storage::{self, Storage, StorageError, StorageMetrics};
 use crate::telemetry::traces::TRACE_FLUSH_BUDGET;
 use crate::tls::reload::{run_reloader, RELOAD_POLL_INTERVAL};
 use crate::tls::{self as tls, CertStore, TlsAcceptor, TlsError, TlsMetrics};
+use lameduck_writebehind::{OpenError, ReplayError};
 
 /// How long the hit flusher may take to stop after its token fires.
-pub const FLUSHER_STOP_BUDGET: Duration = Duration::from_secs(1);
+pub const FLUSHER_STOP_BUDGET: Duration = lameduck_writebehind::FLUSHER_STOP_BUDGET;
 
 /// How long the final hit flush may retry the database before it spills the
-/// hits to disk (it keeps [`SPILL_RESERVE`](crate::links::hits::SPILL_RESERVE)
+/// hits to disk (it keeps [`SPILL_RESERVE`](lameduck_writebehind::SPILL_RESERVE)
 /// of this for the spill).
 pub const FINAL_FLUSH_BUDGET: Duration = Duration::from_secs(5);
 
 /// How long closing the database pool may take at exit; a connection still
 /// held by abandoned work must not hold the process.
 pub const POOL_CLOSE_BUDGET: Duration = Duration::from_secs(2);
-
-/// How often a running process looks in the spill directory for files that
-/// another replica (or an earlier run) left, and applies them.
-pub const SPILL_SCAN_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The whole finalize phase at its worst: stopping workers, every
 /// finalizer's budget, and closing the admin listener. Part of
@@ -73,18 +68,12 @@ pub enum StartupError {
     /// The database could not be opened or migrated.
     #[error(transparent)]
     Storage(#[from] StorageError),
-    /// Hits spilled by an earlier run could not be applied.
+    /// Hits spilled or journaled by an earlier run could not be applied.
     #[error(transparent)]
     Replay(#[from] ReplayError),
     /// The spill directory cannot take a file: a spill at exit would fail.
-    #[error("the spill directory {path} is not writable")]
-    SpillDir {
-        /// The directory.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    SpillDir(#[from] OpenError),
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}")]
     Bind {
@@ -173,7 +162,7 @@ impl App {
         http_metrics.register(&mut registry);
         let storage_metrics = StorageMetrics::default();
         storage_metrics.register(&mut registry);
-        let hits = HitCounter::default();
+        let hits = hits::open(&config)?;
         hits.register(&mut registry);
         let guard_metrics = GuardMetrics::default();
         guard_metrics.register(&mut registry);
@@ -188,16 +177,6 @@ impl App {
         storage
             .health()
             .register(registry.sub_registry_with_prefix("db"));
-        // Before readiness: the database must hold every hit from before.
-        // Spills of earlier versions sit in the data directory itself.
-        let spill_dir = config.spill_dir();
-        spill::ensure_writable(&spill_dir).map_err(|source| StartupError::SpillDir {
-            path: spill_dir.clone(),
-            source,
-        })?;
-        for dir in [&spill_dir, &config.data_dir] {
-            log_replayed(spill::replay(dir, &storage).await?);
-        }
         let tls = match config.tls_files() {
             Some(files) => {
                 let contents = files.read()?;
@@ -261,42 +240,15 @@ impl App {
                 Ok(())
             }
         });
-        workers.spawn_critical("hit flusher", FLUSHER_STOP_BUDGET, {
-            let (hits, storage) = (hits.clone(), storage.clone());
-            let interval = config.flush_interval;
-            move |token| hits::run_flusher(hits, storage, interval, token)
-        });
         workers.spawn_background("database health probe", {
             let storage = storage.clone();
             move |token| storage::run_health_probe(storage, token)
         });
-        workers.spawn_background("spill replayer", {
-            let (storage, spill_dir) = (storage.clone(), spill_dir.clone());
-            move |token| replay_spills(storage, spill_dir, token)
-        });
-        workers.on_shutdown("final hit flush", FINAL_FLUSH_BUDGET, {
-            let (hits, storage) = (hits.clone(), storage.clone());
-            let spill_dir = spill_dir.clone();
-            move || {
-                let flush = async move {
-                    let outcome =
-                        hits::final_flush(&hits, &storage, &spill_dir, FINAL_FLUSH_BUDGET).await?;
-                    tracing::info!(target: LOG_TARGET, ?outcome, "final hit flush");
-                    Ok(())
-                };
-                // A span of its own (with traces on), linked to no request.
-                flush.instrument(crate::traced_span!(parent: None, "final hit flush"))
-            }
-        });
-        // A second signal skips the final flush: the hits go to disk
-        // instead, at once, with no database round trip.
-        workers.on_force("spill pending hits", {
-            let hits = hits.clone();
-            move || {
-                hits.spill_now(&spill_dir)?;
-                Ok(())
-            }
-        });
+        // Before readiness: the database must hold every hit from before
+        // (spilled, or journaled by a process that was killed). Then the
+        // flusher, the replayer of what other replicas leave, the final
+        // flush after the last redirect, and the spill of a forced exit.
+        hits.attach(workers, HitSink(storage.clone())).await?;
 
         let startup = Startup::default();
         let state = AppState::new(StateParts {
@@ -397,47 +349,14 @@ impl App {
                 }
             }
         }
+        let hits = report.stop.kept(hits::NAME).cloned().unwrap_or_default();
         RunReport {
             drain: report.drain,
             stop: report.stop,
-            flushed_hits: self.hits.flushed(),
-            spilled_hits: self.hits.spilled(),
-            lost_hits: self.hits.lost(),
+            flushed_hits: hits.flushed,
+            spilled_hits: hits.spilled,
+            lost_hits: hits.lost,
         }
-    }
-}
-
-/// Applies the spill files that appear in `dir` while the process runs —
-/// left by another replica sharing the directory, or by an earlier run —
-/// every [`SPILL_SCAN_INTERVAL`], until `token` fires. A failed replay
-/// (the database is down) is retried at the next scan.
-async fn replay_spills(
-    storage: Storage,
-    dir: std::path::PathBuf,
-    token: tokio_util::sync::CancellationToken,
-) -> Result<(), lifecycle::BoxError> {
-    let mut ticker = tokio::time::interval(SPILL_SCAN_INTERVAL);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
-    while token.run_until_cancelled(ticker.tick()).await.is_some() {
-        match spill::replay(&dir, &storage).await {
-            Ok(replayed) => log_replayed(replayed),
-            Err(error) => {
-                tracing::warn!(error = %lifecycle::error_chain(&error), "applying spilled hits failed; retrying at the next scan")
-            }
-        }
-    }
-    Ok(())
-}
-
-fn log_replayed(replayed: spill::Replayed) {
-    if replayed.files > 0 {
-        tracing::info!(
-            files = replayed.files,
-            hits = replayed.hits,
-            already_applied = replayed.already_applied,
-            "applied spilled hits"
-        );
     }
 }
 

@@ -14,6 +14,25 @@ pub use crate::telemetry::traces::OtlpConfig;
 pub use crate::telemetry::LogFormat;
 use crate::tls::TlsFiles;
 
+/// What the write-behind state survives (`--state-durability`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StateDurability {
+    /// Pending updates in memory only: a process kill loses them.
+    Memory,
+    /// Every update journaled before it is acknowledged: a process kill
+    /// loses none.
+    Journal,
+}
+
+impl From<StateDurability> for lameduck_writebehind::Durability {
+    fn from(durability: StateDurability) -> Self {
+        match durability {
+            StateDurability::Memory => lameduck_writebehind::Durability::Memory,
+            StateDurability::Journal => lameduck_writebehind::Durability::Journal,
+        }
+    }
+}
+
 /// lameduck: an HTTP service that stops, restarts and rolls out under load
 /// without dropping a request or losing a byte.
 #[derive(Debug, Parser)]
@@ -130,10 +149,17 @@ pub struct ServerConfig {
     pub database_url: Option<String>,
 
     /// How often the write-behind hit counters are flushed to the database
-    /// (sooner when many hits are pending). At most this much is lost on
-    /// SIGKILL or power loss.
+    /// (sooner when many hits are pending). With `--state-durability
+    /// memory`, at most this much is lost on SIGKILL or an OOM kill.
     #[arg(long, env = "LAMEDUCK_FLUSH_INTERVAL", default_value = "1s", value_parser = parse_positive_duration, value_name = "DURATION")]
     pub flush_interval: Duration,
+
+    /// What the hit counters survive: `journal` also stores every hit into
+    /// a journal in the spill directory before the redirect is answered,
+    /// so SIGKILL and the OOM killer lose none; `memory` keeps pending hits
+    /// in memory only (every shutdown still keeps them).
+    #[arg(long, env = "LAMEDUCK_STATE_DURABILITY", value_enum, default_value_t = StateDurability::Journal)]
+    pub state_durability: StateDurability,
 
     /// Most connections open at once; at the limit the server stops
     /// accepting until one closes (back-pressure into the kernel backlog).

@@ -75,7 +75,12 @@ impl TestApp {
             http_metrics,
             guard_metrics,
             storage,
-            hits: HitCounter::default(),
+            hits: {
+                let mut config =
+                    lameduck_writebehind::Config::new("hits", data.path().join("spill"));
+                config.durability = lameduck_writebehind::Durability::Memory;
+                HitCounter::open(config).expect("hit counters")
+            },
             links: LinkCache::default(),
             live: LiveHits::default(),
         });

@@ -16,10 +16,10 @@ use clap::Parser;
 use lameduck::config::{Cli, Command, ServerConfig};
 use lameduck::exit::Exit;
 use lameduck::lifecycle::{BoxError, Lifecycle};
-use lameduck::links::hits::Batch;
-use lameduck::links::spill;
+use lameduck::links::hits::{self, HitCounter, HitSink};
 use lameduck::storage::{Storage, StorageMetrics, StoredLink};
 use lameduck::App;
+use lameduck_writebehind::{Batch, Config, Durability, FinalFlush, Sink};
 use nix::sys::signal::Signal;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
@@ -226,7 +226,7 @@ async fn spill_with_postgres_down(
         "{}",
         server.log_text()
     );
-    let files = spill::pending(spill_dir).expect("list spills");
+    let files = spill_files(spill_dir);
     assert_eq!(files.len(), 1, "one spill file");
     files
 }
@@ -255,9 +255,7 @@ async fn postgres_down_at_shutdown_spills_and_the_next_start_applies_it_exactly_
         assert_eq!(info["hits"], 30, "run {run}");
         assert_eq!(postgres_total(&cluster).await, 300, "run {run}");
         assert!(
-            spill::pending(&data.path().join("spill"))
-                .expect("list")
-                .is_empty(),
+            spill_files(&data.path().join("spill")).is_empty(),
             "spill removed"
         );
         server.signal(Signal::SIGTERM);
@@ -325,18 +323,14 @@ async fn a_crash_during_replay_still_ends_with_exact_totals() {
     lock.rollback().await.expect("unlock");
 
     assert_eq!(
-        spill::pending(&data.path().join("spill"))
-            .expect("list")
-            .len(),
+        spill_files(&data.path().join("spill")).len(),
         1,
         "spill kept"
     );
     let mut server =
         LameduckProcess::start(&["--data-dir", &data_arg, "--database-url", &url], &[]);
     assert_eq!(postgres_total(&cluster).await, 200);
-    assert!(spill::pending(&data.path().join("spill"))
-        .expect("list")
-        .is_empty());
+    assert!(spill_files(&data.path().join("spill")).is_empty());
     server.signal(Signal::SIGTERM);
     assert_eq!(server.exit_code(EXIT_WITHIN), 0);
 }
@@ -378,21 +372,25 @@ async fn replaying_a_spill_whose_batches_already_landed_counts_nothing_twice() {
         .insert_link(&link, &CancellationToken::new())
         .await
         .expect("insert");
-    let batch = Batch {
-        id: "batch-1".to_owned(),
-        hits: HashMap::from([("abc".to_owned(), 7)]).into(),
-    };
-    let path = spill::write(data.path(), std::slice::from_ref(&batch)).expect("spill");
+    let batch = HashMap::from([("abc".to_owned(), 7)]);
+    let path = write_spill(data.path(), std::slice::from_ref(&batch)).await;
     let copy = std::fs::read(&path).expect("read");
 
-    let first = spill::replay(data.path(), &storage).await.expect("replay");
-    assert_eq!((first.files, first.hits, first.already_applied), (1, 7, 0));
-    std::fs::write(&path, copy).expect("put the file back, as if the removal never happened");
-    let second = spill::replay(data.path(), &storage)
-        .await
-        .expect("replay again");
+    let replay = || async {
+        memory_counter(data.path())
+            .replay(&HitSink(storage.clone()))
+            .await
+            .expect("replay")
+    };
+    let first = replay().await;
     assert_eq!(
-        (second.files, second.hits, second.already_applied),
+        (first.files, first.batches, first.already_applied),
+        (1, 1, 0)
+    );
+    std::fs::write(&path, copy).expect("put the file back, as if the removal never happened");
+    let second = replay().await;
+    assert_eq!(
+        (second.files, second.batches, second.already_applied),
         (1, 0, 1)
     );
     assert_eq!(storage.total_hits().await.expect("total"), 7);
@@ -548,7 +546,7 @@ async fn a_running_replica_applies_the_spill_another_replica_left_in_the_shared_
         "B never applied A's spill:\n{}",
         b.log_text()
     );
-    assert!(spill::pending(shared.path()).expect("list").is_empty());
+    assert!(spill_files(shared.path()).is_empty());
     assert_eq!(postgres_total(&cluster).await, 200);
     // B's health probe saw the database go away; the spill B applied
     // reached it, which marks it reachable at once: B reads it again
@@ -576,18 +574,11 @@ async fn two_processes_replaying_one_spill_at_the_same_moment_apply_it_exactly_o
     first.signal(Signal::SIGTERM);
     assert_eq!(first.exit_code(EXIT_WITHIN), 0);
 
-    let batches: Vec<Batch> = (0..BATCHES)
-        .map(|i| Batch {
-            id: format!("replay-race-{i}"),
-            hits: codes
-                .iter()
-                .map(|code| (code.clone(), i % 3 + 1))
-                .collect::<HashMap<_, _>>()
-                .into(),
-        })
+    let batches: Vec<HashMap<String, u64>> = (0..BATCHES)
+        .map(|i| codes.iter().map(|code| (code.clone(), i % 3 + 1)).collect())
         .collect();
-    let total: u64 = batches.iter().map(Batch::total).sum();
-    spill::write(shared.path(), &batches).expect("write the spill");
+    let total: u64 = batches.iter().flat_map(HashMap::values).sum();
+    write_spill(shared.path(), &batches).await;
 
     let admin = PgPoolOptions::new()
         .connect(&cluster.url())
@@ -629,19 +620,22 @@ async fn two_processes_replaying_one_spill_at_the_same_moment_apply_it_exactly_o
         if let Some(line) = line {
             applied += line
                 .split_whitespace()
-                .find_map(|field| field.strip_prefix("hits="))
+                .find_map(|field| field.strip_prefix("batches="))
                 .and_then(|n| n.parse::<u64>().ok())
-                .expect("hits=N");
+                .expect("batches=N");
         }
         replica.signal(Signal::SIGTERM);
         assert_eq!(replica.exit_code(EXIT_WITHIN), 0, "{}", replica.log_text());
     }
-    assert_eq!(applied, total, "every batch applied by exactly one replica");
+    assert_eq!(
+        applied, BATCHES,
+        "every batch applied by exactly one replica"
+    );
     assert_eq!(
         postgres_total(&cluster).await,
         i64::try_from(total).expect("small")
     );
-    assert!(spill::pending(shared.path()).expect("list").is_empty());
+    assert!(spill_files(shared.path()).is_empty());
 }
 
 // A spill directory that cannot take a file fails the start, naming it,
@@ -665,4 +659,55 @@ fn an_unwritable_spill_directory_fails_the_start_and_names_it() {
         "{}",
         finished.output()
     );
+}
+
+/// The spill files in `dir`.
+fn spill_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<_> = entries
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "spill"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Hit counters in `dir` that keep nothing on disk but spills.
+fn memory_counter(dir: &Path) -> HitCounter {
+    let mut config = Config::new(hits::NAME, dir);
+    config.durability = Durability::Memory;
+    HitCounter::open(config).expect("open the counters")
+}
+
+/// A store that is down.
+struct Refusing;
+
+impl Sink<String, u64> for Refusing {
+    type Error = std::io::Error;
+
+    async fn apply(
+        &self,
+        _: &Batch<String, u64>,
+    ) -> Result<lameduck_writebehind::Applied, Self::Error> {
+        Err(std::io::Error::other("the store is down"))
+    }
+}
+
+/// Writes a spill file of `batches` (hits per code) into `dir` as a process
+/// does at exit with the database down: each batch sealed by a flush the
+/// store refused, then every batch spilled. Returns the file.
+async fn write_spill(dir: &Path, batches: &[HashMap<String, u64>]) -> std::path::PathBuf {
+    let counter = memory_counter(dir);
+    for batch in batches {
+        for (code, n) in batch {
+            counter.record(code.as_str(), *n);
+        }
+        counter.flush(&Refusing).await.expect_err("refused");
+    }
+    match counter.spill_now() {
+        Ok(Some(FinalFlush::Spilled { path, .. })) => path,
+        other => panic!("spilled: {other:?}"),
+    }
 }

@@ -480,9 +480,9 @@ fn sigterm_idle(protocol: Protocol) {
         "the 404 is named by its method only"
     );
 
-    let flushes = named(&spans, "final hit flush");
+    let flushes = named(&spans, "write-behind final flush");
     let [flush] = flushes.as_slice() else {
-        panic!("one final hit flush span expected:\n{spans:#?}");
+        panic!("one final flush span expected:\n{spans:#?}");
     };
     assert_eq!(flush.parent_span_id, None, "{flush:#?}");
     let applied = named(&spans, "UPDATE links");
@@ -787,9 +787,9 @@ fn second_signal_exports_within_its_short_budget() {
     assert_eq!(server.exit_code(PATIENCE), 4, "{}", server.log_text());
     let spans = receiver.spans();
     assert_each_answered_once(&spans, &sent);
-    let spill = named(&spans, "spill pending hits");
+    let spill = named(&spans, "write-behind spill");
     assert_eq!(spill.len(), 1, "the force hook's spill:\n{spans:#?}");
-    assert_eq!(spill[0].attr_i64("hits"), Some(3), "{:#?}", spill[0]);
+    assert_eq!(spill[0].attr_i64("updates"), Some(3), "{:#?}", spill[0]);
     assert!(
         server.log_text().contains("traces flushed"),
         "{}",
@@ -829,7 +829,7 @@ fn exits_with_every_span(failpoint: &str, signalled: bool, expected: i32) {
 
 #[test]
 fn a_failed_worker_exports_every_span() {
-    exits_with_every_span("hit-flusher=panic", false, 5);
+    exits_with_every_span("write-behind-flusher=panic", false, 5);
 }
 
 #[test]

@@ -176,9 +176,14 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
     let mut args = Args::new(&data, cluster.as_ref(), &spill);
     match way {
         Deadline | DeadlineDatabaseDown => args.push(&["--shutdown-timeout", "1s"]),
-        SecondSignalInLameDuck(_) | SpillImpossible(ReadOnly | Missing) => {
-            args.push(&["--drain-delay", "30s"]);
+        SecondSignalInLameDuck(_) => args.push(&["--drain-delay", "30s"]),
+        // The spill file is the only copy: with the journal, what it took
+        // would be kept (and a tmpfs with a journal mapped cannot be
+        // remounted read-only).
+        SpillImpossible(ReadOnly | Missing) => {
+            args.push(&["--drain-delay", "30s", "--state-durability", "memory"]);
         }
+        SpillImpossible(DiskFull) => args.push(&["--state-durability", "memory"]),
         CriticalWorkerPanic => args.set_flush_interval("2s"),
         Upgrade | UpgradeSuccessorFails => {
             args.push(&["--pid-file", &data.path().join("pid").display().to_string()]);
@@ -186,7 +191,7 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
         _ => {}
     }
     let failpoints = match way {
-        CriticalWorkerPanic => "hit-flusher=panic",
+        CriticalWorkerPanic => "write-behind-flusher=panic",
         FinalizerOverBudget => "close-database-pool-hangs=return",
         _ => "",
     };
@@ -325,7 +330,7 @@ fn leave(
             let answered = traffic.stop();
             pg().stop();
             server.signal(SIGTERM);
-            await_log(server, "final hit flush failed; retrying");
+            await_log(server, "final flush failed; retrying");
             server.signal(second);
             answered
         }

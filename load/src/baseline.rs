@@ -22,7 +22,7 @@
 //!   (`GracefulShutdown`): every connection is told to close, and the
 //!   process exits when the last one has.
 //! - [`redirect_uncounted`]: lameduck itself with hit counting switched off
-//!   (`HitCounter::set_counting(false)`), to price the counting.
+//!   (`HitCounter::set_recording(false)`), to price the counting.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -217,7 +217,7 @@ pub async fn bare_hyper(listen: SocketAddr, on_sigterm: OnSigterm) -> anyhow::Re
 /// # Errors
 /// If the app cannot be built.
 pub async fn redirect_uncounted(config: ServerConfig) -> anyhow::Result<()> {
-    run_app(config, |app| app.hits().set_counting(false)).await
+    run_app(config, |app| app.hits().set_recording(false)).await
 }
 
 /// `lameduck server` as its `main` runs it, with `adjust` applied to the

@@ -89,7 +89,7 @@ async fn poll(
                 return;
             }
         }
-        if let Ok(Some(link)) = hits.find_with_hits(&storage, &code).await {
+        if let Ok(Some(link)) = super::hits::find_with_hits(&hits, &storage, &code).await {
             sender.send_if_modified(|count| std::mem::replace(count, link.hits) != link.hits);
         }
     }
@@ -101,8 +101,7 @@ async fn watch_link(
     hits: &HitCounter,
     code: &str,
 ) -> Result<watch::Receiver<i64>, ApiError> {
-    let link = hits
-        .find_with_hits(storage, code)
+    let link = super::hits::find_with_hits(hits, storage, code)
         .await?
         .ok_or_else(|| not_found(code))?;
     Ok(live.subscribe(code, link.hits, storage, hits))

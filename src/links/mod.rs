@@ -4,13 +4,11 @@
 //! a task tracked by the lifecycle ([`RequestScope::run`]), so a client that
 //! hangs up cancels it through its token instead of dropping it mid-query.
 
-pub mod batch;
 pub mod cache;
 mod error;
 pub mod hits;
 pub mod live;
 mod shard;
-pub mod spill;
 pub mod validate;
 
 use axum::extract::rejection::JsonRejection;
@@ -150,8 +148,7 @@ async fn show(
     State(hits): State<HitCounter>,
     Path(code): Path<String>,
 ) -> Result<Json<LinkInfo>, ApiError> {
-    let link = hits
-        .find_with_hits(&storage, &code)
+    let link = hits::find_with_hits(&hits, &storage, &code)
         .await?
         .ok_or_else(|| not_found(&code))?;
     Ok(Json(LinkInfo {
@@ -193,7 +190,7 @@ async fn redirect(
             location
         }
     };
-    hits.record(&code);
+    hits.record(code.as_str(), 1);
     Ok((StatusCode::TEMPORARY_REDIRECT, [(LOCATION, location)]).into_response())
 }
 

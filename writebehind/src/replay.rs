@@ -4,12 +4,11 @@
 //!
 //! A journal is replayed only once the kernel has released its process's
 //! lock on its ledger, that is once the process is gone; the replayer
-//! holds that lock (or the spill file's) while it applies, so one replica
-//! does the work. The sink's batch ids make any second application — a
+//! holds that lock while it applies, so one replica does the work. The sink's batch ids make any second application — a
 //! replayer killed halfway, two replicas racing — a no-op.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, TryLockError};
+use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -159,10 +158,9 @@ impl<K: Key, V: Value, M: Merge<V>> WriteBehind<K, V, M> {
             move |source| ReplayError::File { path, source }
         };
         let mut replayed = Replayed::default();
+        // Two replicas may apply one spill file at the same moment: the
+        // sink's batch ids serialize them, one applies each batch.
         for (path, instance) in &listing.spills {
-            let Some(_held) = lock_file(path).map_err(file_error(path))? else {
-                continue;
-            };
             let read = disk::read::<K, V, M>(std::slice::from_ref(path), Kind::Spill, instance, 0)
                 .map_err(file_error(path))?;
             tracing::info!(state = self.inner.config.name, path = %path.display(), batches = read.batches.len(), "replaying a spill file");
@@ -232,21 +230,6 @@ impl<K: Key, V: Value, M: Merge<V>> WriteBehind<K, V, M> {
             }
         }
         Ok(())
-    }
-}
-
-/// Locks the spill file at `path` while it is replayed: `None` if another
-/// replica is replaying it, or removed it.
-fn lock_file(path: &Path) -> io::Result<Option<File>> {
-    let file = match File::open(path) {
-        Ok(file) => file,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(error) => return Err(error),
-    };
-    match file.try_lock() {
-        Ok(()) => Ok(Some(file)),
-        Err(TryLockError::WouldBlock) => Ok(None),
-        Err(TryLockError::Error(error)) => Err(error),
     }
 }
 

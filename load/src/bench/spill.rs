@@ -35,7 +35,8 @@ pub struct SpillSeries {
 /// hits (1 to 3 each, codes of the generated length), once per round, into
 /// `dir` on the out folder's disk.
 pub(super) fn spill(options: &Options, dir: &Path) -> anyhow::Result<SpillSeries> {
-    use lameduck::links::hits::{FinalFlush, HitCounter};
+    use lameduck::links::hits::{HitCounter, NAME};
+    use lameduck_writebehind::{Config, Durability, FinalFlush};
     eprintln!(
         "load: a forced exit's spill of {} links' pending hits",
         options.spill_links
@@ -50,16 +51,18 @@ pub(super) fn spill(options: &Options, dir: &Path) -> anyhow::Result<SpillSeries
         .collect();
     let (mut runs_ms, mut hits, mut bytes) = (Vec::new(), 0, 0);
     for _ in 0..options.rounds {
-        let counter = HitCounter::default();
+        let mut config = Config::new(NAME, dir);
+        config.durability = Durability::Memory;
+        let counter = HitCounter::open(config)?;
         for (i, code) in codes.iter().enumerate() {
             for _ in 0..=i % 3 {
-                counter.record(code);
+                counter.record(code.as_str(), 1);
             }
         }
         let started = std::time::Instant::now();
-        let spilled = counter.spill_now(dir)?;
+        let spilled = counter.spill_now()?;
         runs_ms.push(started.elapsed().as_secs_f64() * 1e3);
-        let Some(FinalFlush::Spilled { hits: n, path }) = spilled else {
+        let Some(FinalFlush::Spilled { updates: n, path }) = spilled else {
             anyhow::bail!("nothing was spilled");
         };
         hits = n;

@@ -711,3 +711,123 @@ async fn write_spill(dir: &Path, batches: &[HashMap<String, u64>]) -> std::path:
         other => panic!("spilled: {other:?}"),
     }
 }
+
+/// Redirect clients on keep-alive connections until the server goes away:
+/// each counts the redirects answered, and the requests cut (sent, never
+/// answered: recorded or not, the client cannot tell).
+struct KeptAliveClients {
+    answered: Arc<AtomicU64>,
+    cut: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl KeptAliveClients {
+    fn start(addr: SocketAddr, codes: &[String], clients: usize) -> KeptAliveClients {
+        let (answered, cut) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let threads = (0..clients)
+            .map(|client| {
+                let (answered, cut) = (Arc::clone(&answered), Arc::clone(&cut));
+                let codes = codes.to_vec();
+                std::thread::spawn(move || {
+                    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+                        return;
+                    };
+                    stream
+                        .set_read_timeout(Some(Duration::from_secs(10)))
+                        .expect("timeout");
+                    for i in client.. {
+                        let path = format!("/{}", codes[i % codes.len()]);
+                        match support::binary::get(&mut stream, &path) {
+                            Ok(response) => {
+                                assert_eq!(response.status, 307);
+                                answered.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(_) => {
+                                cut.fetch_add(1, Ordering::Relaxed);
+                                return;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        KeptAliveClients {
+            answered,
+            cut,
+            threads,
+        }
+    }
+
+    fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
+    }
+
+    /// Waits for every client to meet the closed server; `(answered, cut)`.
+    fn join(self) -> (u64, u64) {
+        for thread in self.threads {
+            thread.join().expect("client");
+        }
+        (
+            self.answered.load(Ordering::Relaxed),
+            self.cut.load(Ordering::Relaxed),
+        )
+    }
+}
+
+// SIGKILL under redirect load, ten times, with the default durability (the
+// journal): every redirect answered before the kill is counted after the
+// restarts, and the only excess is requests the kill cut (recorded, then
+// killed before the response went out). Each start applies the journal
+// its killed predecessor left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_under_redirect_load_loses_no_answered_hit() {
+    const ROUNDS: u64 = 10;
+    let data = TempDir::new().expect("data dir");
+    let data_arg = data.path().display().to_string();
+    let args = ["--data-dir", data_arg.as_str()];
+    let mut codes = Vec::new();
+    let (mut answered, mut cut) = (0, 0);
+    for round in 0..ROUNDS {
+        let mut server = LameduckProcess::start(&args, &[]);
+        if round == 0 {
+            codes = create_links(server.addr()).await;
+        } else {
+            assert!(
+                server.has_logged("applied spilled hits"),
+                "round {round}: the killed process's journal was not applied:\n{}",
+                server.log_text()
+            );
+        }
+        let clients = KeptAliveClients::start(server.addr(), &codes, 4);
+        // A different moment of the flush interval each round.
+        let target = 300 + round * 211;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while clients.answered() < target {
+            assert!(Instant::now() < deadline, "round {round}: too slow");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        server.signal(Signal::SIGKILL);
+        let _ = server.wait_exit(EXIT_WITHIN).expect("killed");
+        let (round_answered, round_cut) = clients.join();
+        answered += round_answered;
+        cut += round_cut;
+    }
+    let mut last = LameduckProcess::start(&args, &[]);
+    assert!(
+        last.has_logged("applied spilled hits"),
+        "{}",
+        last.log_text()
+    );
+    last.signal(Signal::SIGTERM);
+    assert_eq!(last.exit_code(EXIT_WITHIN), 0, "{}", last.log_text());
+    let stored = u64::try_from(sqlite_total(data.path()).await).expect("positive");
+    assert!(
+        stored >= answered,
+        "{stored} hits stored, {answered} redirects answered: {} lost",
+        answered - stored
+    );
+    assert!(
+        stored - answered <= cut,
+        "{stored} hits stored, {answered} answered, {cut} cut by the kills"
+    );
+}

@@ -249,7 +249,7 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
                 .find(|line| line.contains("hits lost: the spill file cannot be written"))
                 .unwrap_or_else(|| panic!("{way:?}: no loss reported; logs:\n{logs}"));
             let line: serde_json::Value = serde_json::from_str(line).expect("a JSON log line");
-            assert_eq!(line["hits"], answered, "{way:?}: lost count; {line}");
+            assert_eq!(line["updates"], answered, "{way:?}: lost count; {line}");
             let path = spill.path().expect("an explicit spill dir");
             assert_eq!(line["path"], path.display().to_string(), "{line}");
             assert!(

@@ -78,6 +78,32 @@ fn record_one(counts: &Counts, n: u64) {
     }
 }
 
+/// The one journal segment in `dir`.
+fn only_segment(dir: &Path) -> std::path::PathBuf {
+    let mut segments = std::fs::read_dir(dir)
+        .expect("list")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"));
+    let segment = segments.next().expect("a segment");
+    assert!(segments.next().is_none(), "one segment");
+    segment
+}
+
+/// Where each record of a segment ends: records start after the 16-byte
+/// header, each a length, a checksum and the body, until a zero length.
+fn record_ends(bytes: &[u8]) -> Vec<usize> {
+    let mut ends = Vec::new();
+    let mut at = 16;
+    loop {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+        if len == 0 {
+            return ends;
+        }
+        at += 8 + len;
+        ends.push(at);
+    }
+}
+
 fn files(dir: &Path, suffix: &str) -> usize {
     std::fs::read_dir(dir)
         .expect("list")
@@ -160,18 +186,10 @@ async fn a_torn_record_is_skipped_counted_and_the_rest_applied() {
     let dead = open(dir.path());
     record_one(&dead, 50);
     drop(dead);
-    let segment = std::fs::read_dir(dir.path())
-        .expect("list")
-        .map(|e| e.expect("entry").path())
-        .find(|p| p.extension().is_some_and(|e| e == "seg"))
-        .expect("a segment");
-    // Flip a byte of the third record's payload (records start at 16).
+    let segment = only_segment(dir.path());
     let mut bytes = std::fs::read(&segment).expect("read");
-    let mut at = 16;
-    for _ in 0..2 {
-        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
-        at += 8 + len;
-    }
+    // Flip a byte of the third record's payload.
+    let at = record_ends(&bytes)[1];
     bytes[at + 8 + 13] ^= 0x55;
     std::fs::write(&segment, &bytes).expect("write");
 
@@ -187,23 +205,10 @@ async fn a_journal_cut_mid_record_keeps_the_records_before_the_cut() {
     let dead = open(dir.path());
     record_one(&dead, 20);
     drop(dead);
-    let segment = std::fs::read_dir(dir.path())
-        .expect("list")
-        .map(|e| e.expect("entry").path())
-        .find(|p| p.extension().is_some_and(|e| e == "seg"))
-        .expect("a segment");
+    let segment = only_segment(dir.path());
     // Cut it in the middle of its last record.
     let bytes = std::fs::read(&segment).expect("read");
-    let mut at = 16;
-    let mut ends = Vec::new();
-    loop {
-        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
-        if len == 0 {
-            break;
-        }
-        at += 8 + len;
-        ends.push(at);
-    }
+    let ends = record_ends(&bytes);
     assert_eq!(ends.len(), 20);
     std::fs::write(&segment, &bytes[..ends[19] - 3]).expect("cut");
 

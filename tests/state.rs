@@ -6,7 +6,7 @@ mod support;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command as Process, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -662,16 +662,48 @@ fn an_unwritable_spill_directory_fails_the_start_and_names_it() {
 }
 
 /// The spill files in `dir`.
-fn spill_files(dir: &Path) -> Vec<std::path::PathBuf> {
+fn spill_files(dir: &Path) -> Vec<PathBuf> {
+    files_ending(dir, "spill")
+}
+
+/// The files in `dir` whose extension is `extension`, sorted.
+fn files_ending(dir: &Path, extension: &str) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut files: Vec<_> = entries
         .map(|entry| entry.expect("entry").path())
-        .filter(|path| path.extension().is_some_and(|e| e == "spill"))
+        .filter(|path| path.extension().is_some_and(|e| e == extension))
         .collect();
     files.sort();
     files
+}
+
+/// `n` redirects on one keep-alive connection, each answered 307.
+fn redirects(addr: SocketAddr, codes: &[String], n: usize) {
+    let mut stream = support::binary::connect(addr);
+    for i in 0..n {
+        let response = support::binary::get(&mut stream, &format!("/{}", codes[i % codes.len()]))
+            .expect("a redirect");
+        assert_eq!(response.status, 307);
+    }
+}
+
+/// The records of a journal segment, as its documented format lays them
+/// out: after a 16-byte header, `len:u32 crc:u32 body`, up to a zero
+/// length. Returns each record's offset and body length.
+fn journal_records(bytes: &[u8]) -> Vec<(usize, usize)> {
+    let mut records = Vec::new();
+    let mut at = 16;
+    while at + 4 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+        if len == 0 {
+            break;
+        }
+        records.push((at, len));
+        at += 8 + len;
+    }
+    records
 }
 
 /// Hit counters in `dir` that keep nothing on disk but spills.
@@ -830,4 +862,137 @@ async fn sigkill_under_redirect_load_loses_no_answered_hit() {
         stored - answered <= cut,
         "{stored} hits stored, {answered} answered, {cut} cut by the kills"
     );
+}
+
+// A journal damaged after a SIGKILL, both ways a record can be: one with a
+// bad checksum, and the segment cut in the middle of its last record. The
+// next start skips those two, says where (file and offset) in a log line
+// and in a metric, and applies every other record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torn_journal_records_are_skipped_counted_and_logged_and_the_rest_applied() {
+    const REDIRECTS: usize = 200;
+    let data = TempDir::new().expect("data dir");
+    let data_arg = data.path().display().to_string();
+    let args = [
+        "--data-dir",
+        &data_arg,
+        "--log-format",
+        "json",
+        "--flush-interval",
+        "1h",
+    ];
+    let mut server = LameduckProcess::start(&args, &[]);
+    let codes = create_links(server.addr()).await;
+    redirects(server.addr(), &codes, REDIRECTS);
+    server.signal(Signal::SIGKILL);
+    let _ = server.wait_exit(EXIT_WITHIN).expect("killed");
+
+    // The segment with the most records: its first gets a bad checksum,
+    // its last is cut in half.
+    let segments = files_ending(&data.path().join("spill"), "seg");
+    let (segment, bytes, records) = segments
+        .iter()
+        .map(|path| {
+            let bytes = std::fs::read(path).expect("read a segment");
+            let records = journal_records(&bytes);
+            (path, bytes, records)
+        })
+        .max_by_key(|(_, _, records)| records.len())
+        .expect("the killed process's journal");
+    assert!(records.len() >= 2, "{segment:?}: {records:?}");
+    let (first, first_len) = records[0];
+    let (last, _) = records[records.len() - 1];
+    let mut damaged = bytes;
+    damaged[first + 8 + first_len - 1] ^= 0xff;
+    damaged.truncate(last + 10);
+    std::fs::write(segment, &damaged).expect("damage the segment");
+
+    let mut restarted = LameduckProcess::start(&args, &[]);
+    let torn: Vec<serde_json::Value> = restarted
+        .logs()
+        .iter()
+        .filter(|line| line.contains("a torn record was skipped"))
+        .map(|line| serde_json::from_str(line).expect("JSON"))
+        .collect();
+    let mut offsets: Vec<u64> = torn
+        .iter()
+        .map(|line| line["offset"].as_u64().expect("offset"))
+        .collect();
+    offsets.sort_unstable();
+    assert_eq!(offsets, [first as u64, last as u64], "{torn:?}");
+    for line in &torn {
+        assert_eq!(line["path"], segment.display().to_string(), "{line}");
+    }
+    let metrics = support::binary::metrics(restarted.admin_addr());
+    assert_eq!(
+        support::binary::metric(&metrics, "lameduck_hits_journal_torn_records_total"),
+        Some(2.0),
+        "{metrics}"
+    );
+    restarted.signal(Signal::SIGTERM);
+    assert_eq!(
+        restarted.exit_code(EXIT_WITHIN),
+        0,
+        "{}",
+        restarted.log_text()
+    );
+    // One hit a record: the two skipped ones are the only ones missing.
+    assert_eq!(sqlite_total(data.path()).await, REDIRECTS as i64 - 2);
+}
+
+// Two replicas sharing the spill directory, one SIGKILLed: the other, still
+// running, finds the dead one's journal at its next scan and applies it;
+// the killed replica, restarted on the same directory, finds nothing left
+// to apply. Exactly once, whoever gets there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_replica_applies_the_journal_of_one_killed_beside_it_exactly_once() {
+    const REDIRECTS: usize = 300;
+    let cluster = PgCluster::start();
+    let shared = TempDir::new().expect("spill dir");
+    let (data_a, data_b) = (TempDir::new().expect("a"), TempDir::new().expect("b"));
+    let args_a = shared_spill_args(&data_a, &shared, &cluster);
+    let args_b = shared_spill_args(&data_b, &shared, &cluster);
+    let mut a = LameduckProcess::start(&as_strs(&args_a), &[]);
+    // A's instance: the name of the one ledger, made as it started.
+    let [ledger] = &files_ending(shared.path(), "ledger")[..] else {
+        panic!("one ledger: A's");
+    };
+    let a_instance = ledger
+        .file_stem()
+        .and_then(|stem| stem.to_str()?.strip_prefix("hits."))
+        .expect("hits.<instance>.ledger")
+        .to_owned();
+    let mut b = LameduckProcess::start(&as_strs(&args_b), &[]);
+    let codes = create_links(a.addr()).await;
+    redirects(a.addr(), &codes, REDIRECTS);
+    a.signal(Signal::SIGKILL);
+    let _ = a.wait_exit(EXIT_WITHIN).expect("killed");
+
+    assert!(
+        b.wait_for_log("applied spilled hits", Duration::from_secs(30)),
+        "B never applied A's journal:\n{}",
+        b.log_text()
+    );
+    assert_eq!(postgres_total(&cluster).await, REDIRECTS as i64);
+    let left: Vec<_> = std::fs::read_dir(shared.path())
+        .expect("the spill dir")
+        .map(|entry| entry.expect("entry").file_name())
+        .filter(|name| name.to_string_lossy().contains(&a_instance))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "A's journal is gone once applied: {left:?}"
+    );
+
+    let mut restarted = LameduckProcess::start(&as_strs(&args_a), &[]);
+    assert!(
+        !restarted.has_logged("applied spilled hits"),
+        "{}",
+        restarted.log_text()
+    );
+    for replica in [&mut restarted, &mut b] {
+        replica.signal(Signal::SIGTERM);
+        assert_eq!(replica.exit_code(EXIT_WITHIN), 0, "{}", replica.log_text());
+    }
+    assert_eq!(postgres_total(&cluster).await, REDIRECTS as i64);
 }

@@ -36,7 +36,10 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tempfile::TempDir;
 
-use support::binary::{create_link, finish_slow_post, request, start_slow_post, LameduckProcess};
+use support::binary::{
+    create_link, finish_slow_post, metric, metrics, request, start_slow_post, wait_metric,
+    LameduckProcess,
+};
 use support::postgres::PgCluster;
 
 /// Bound on anything that should take well under a second or two: a log
@@ -55,11 +58,24 @@ const TRAFFIC_PACE: Duration = Duration::from_millis(2);
 
 /// Redirects answered before a row's way out begins.
 const WARM_UP_HITS: u64 = 40;
+/// The journal's bytes once its first segments are made: two of 256 KiB.
+const JOURNAL_READY_BYTES: f64 = 512.0 * 1024.0;
+/// The file that fills a spill directory's disk.
+const FILLER: &str = "filler";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Database {
     Sqlite,
     Postgres,
+}
+
+/// Whether the journal found room on a disk that fills up.
+#[derive(Clone, Copy, Debug)]
+enum Room {
+    /// None: not one segment fits (64 KiB), so no update is journaled.
+    None,
+    /// Its segments made before the disk filled (2 MiB): every update is.
+    ForTheJournal,
 }
 
 /// How the spill directory cannot be written.
@@ -103,8 +119,11 @@ enum Way {
     /// SIGHUP to a binary replaced by one that fails at startup.
     UpgradeSuccessorFails,
     /// A second signal (SQLite) or the database down (PostgreSQL) with a
-    /// spill directory that cannot be written.
+    /// spill directory that cannot be written, hits in memory only.
     SpillImpossible(Unwritable),
+    /// PostgreSQL down at SIGTERM, the spill directory's disk full, and
+    /// the hits journaled (the default durability) as far as it had room.
+    DiskFullJournaled(Room),
 }
 
 /// What a row must find after the way out.
@@ -114,6 +133,9 @@ enum Kept {
     Exact,
     /// Every answered hit lost, and the loss reported with its count.
     LossReported,
+    /// Every answered hit lost, reported with its count, and the journal's
+    /// failure reported when it happened, with its directory.
+    JournalFailureReported,
 }
 
 macro_rules! ways_out {
@@ -164,6 +186,8 @@ ways_out! {
     spill_impossible_read_only_sqlite:             Sqlite,   SpillImpossible(ReadOnly),           StateLost,        LossReported;
     spill_impossible_missing_dir_sqlite:           Sqlite,   SpillImpossible(Missing),            StateLost,        LossReported;
     spill_impossible_disk_full_postgres:           Postgres, SpillImpossible(DiskFull),           StateLost,        LossReported;
+    disk_full_no_room_for_the_journal_postgres:    Postgres, DiskFullJournaled(Room::None),       StateLost,        JournalFailureReported;
+    disk_full_the_journal_keeps_postgres:          Postgres, DiskFullJournaled(Room::ForTheJournal), StateSpilled, Exact;
 }
 
 /// Runs one row: start, traffic, the way out, the exit code, then a restart
@@ -203,6 +227,14 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
     // A spill directory that cannot be written fails the start (tested in
     // tests/state.rs), so it turns unwritable while the process runs, as
     // a disk fills up or a volume goes away.
+    if let DiskFullJournaled(Room::ForTheJournal) = way {
+        // The flusher makes the journal's segments as it starts.
+        wait_metric(
+            server.admin_addr(),
+            "lameduck_hits_journal_bytes",
+            |bytes| bytes >= JOURNAL_READY_BYTES,
+        );
+    }
     spill.make_unwritable();
     let addr = server.addr();
     let code = create_link(addr, "https://example.com/way-out");
@@ -230,8 +262,14 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
         }
     }
     // The restart serves the default spill directory: an unwritable one
-    // would fail the start, and its files were never written anyway.
-    let restart = Args::new(&data, cluster.as_ref(), &SpillDir::Default);
+    // would fail the start, and its files were never written anyway —
+    // unless the journal kept them there, with room made again.
+    let restart = if spill.journal_kept() {
+        spill.make_room();
+        Args::new(&data, cluster.as_ref(), &spill)
+    } else {
+        Args::new(&data, cluster.as_ref(), &SpillDir::Default)
+    };
     let mut restarted = LameduckProcess::start(&restart.as_strs(), &[]);
     let stored = stored_hits(restarted.addr(), &code);
     restarted.signal(SIGTERM);
@@ -242,8 +280,18 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
             stored, answered,
             "{way:?}: hits stored after the restart vs 307s answered; logs:\n{logs}"
         ),
-        Kept::LossReported => {
+        Kept::LossReported | Kept::JournalFailureReported => {
             assert_eq!(stored, 0, "{way:?}: nothing could be saved; logs:\n{logs}");
+            if let Kept::JournalFailureReported = kept {
+                let line = logs
+                    .lines()
+                    .find(|line| line.contains("the journal cannot take updates"))
+                    .unwrap_or_else(|| panic!("{way:?}: no journal failure; logs:\n{logs}"));
+                let line: serde_json::Value = serde_json::from_str(line).expect("JSON");
+                let path = spill.path().expect("an explicit spill dir");
+                assert_eq!(line["dir"], path.display().to_string(), "{line}");
+                assert_eq!(line["level"], "ERROR", "{line}");
+            }
             let line = logs
                 .lines()
                 .find(|line| line.contains("hits lost: the spill file cannot be written"))
@@ -334,8 +382,26 @@ fn leave(
             server.signal(second);
             answered
         }
-        DatabaseDownAtShutdown | SpillImpossible(DiskFull) => {
+        DatabaseDownAtShutdown | SpillImpossible(DiskFull) | DiskFullJournaled(_) => {
             let answered = traffic.stop();
+            if let DiskFullJournaled(room) = way {
+                // Every answered hit is in the journal, or counted as not.
+                let (journaled, unjournaled) = match room {
+                    Room::ForTheJournal => (answered, 0),
+                    Room::None => (0, answered),
+                };
+                let metrics = metrics(server.admin_addr());
+                let count = |name| metric(&metrics, name).map(|n| n as u64);
+                assert_eq!(
+                    count("lameduck_hits_journal_unjournaled_total"),
+                    Some(unjournaled),
+                    "{way:?}: {journaled} journaled; /metrics:\n{metrics}"
+                );
+                if let Room::None = room {
+                    let failures = count("lameduck_hits_journal_failures_total");
+                    assert!(failures >= Some(1), "{metrics}");
+                }
+            }
             pg().stop();
             server.signal(SIGTERM);
             answered
@@ -602,6 +668,8 @@ enum SpillDir {
         path: PathBuf,
         how: Unwritable,
         mounted: bool,
+        /// The journal has its segments there.
+        journal: bool,
         _holder: TempDir,
     },
 }
@@ -610,17 +678,21 @@ impl SpillDir {
     /// A writable directory, on a tmpfs of its own where the row will fill
     /// it or make it read-only.
     fn new(way: Way) -> SpillDir {
-        let SpillImpossible(how) = way else {
-            return SpillDir::Default;
+        let (how, size) = match way {
+            SpillImpossible(how) => (how, "64k"),
+            DiskFullJournaled(Room::None) => (DiskFull, "64k"),
+            DiskFullJournaled(Room::ForTheJournal) => (DiskFull, "2m"),
+            _ => return SpillDir::Default,
         };
         let holder = TempDir::new().expect("tempdir");
         let (path, mounted) = match how {
             DiskFull | ReadOnly => {
                 let path = holder.path().join("tmpfs");
                 fs::create_dir(&path).expect("mount point");
+                let size = format!("size={size}");
                 run(
                     "mount",
-                    &["-t", "tmpfs", "-o", "size=64k", "tmpfs", path_str(&path)],
+                    &["-t", "tmpfs", "-o", &size, "tmpfs", path_str(&path)],
                 );
                 (path, true)
             }
@@ -631,7 +703,26 @@ impl SpillDir {
             path,
             how,
             mounted,
+            journal: matches!(way, DiskFullJournaled(Room::ForTheJournal)),
             _holder: holder,
+        }
+    }
+
+    /// Whether the journal in this directory kept the hits the spill could
+    /// not: then the restart must read this directory.
+    fn journal_kept(&self) -> bool {
+        matches!(self, SpillDir::Unwritable { journal: true, .. })
+    }
+
+    /// Frees the room that `make_unwritable` took, as an operator would.
+    fn make_room(&self) {
+        if let SpillDir::Unwritable {
+            path,
+            how: DiskFull,
+            ..
+        } = self
+        {
+            fs::remove_file(path.join(FILLER)).expect("the filler");
         }
     }
 
@@ -643,7 +734,7 @@ impl SpillDir {
         match how {
             DiskFull => {
                 // Fill it: a spill file can still be created, not written.
-                let _ = fs::write(path.join("filler"), vec![0u8; 1 << 20]);
+                let _ = fs::write(path.join(FILLER), vec![0u8; 4 << 20]);
                 assert!(fs::write(path.join("probe"), [0u8; 8192]).is_err(), "full");
             }
             ReadOnly => {

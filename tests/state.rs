@@ -23,7 +23,7 @@ use lameduck_writebehind::{Batch, Config, Durability, FinalFlush, Sink};
 use nix::sys::signal::Signal;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
-use support::binary::LameduckProcess;
+use support::binary::{KeptAliveClients, LameduckProcess};
 use support::postgres::PgCluster;
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
@@ -744,68 +744,6 @@ async fn write_spill(dir: &Path, batches: &[HashMap<String, u64>]) -> std::path:
     }
 }
 
-/// Redirect clients on keep-alive connections until the server goes away:
-/// each counts the redirects answered, and the requests cut (sent, never
-/// answered: recorded or not, the client cannot tell).
-struct KeptAliveClients {
-    answered: Arc<AtomicU64>,
-    cut: Arc<AtomicU64>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl KeptAliveClients {
-    fn start(addr: SocketAddr, codes: &[String], clients: usize) -> KeptAliveClients {
-        let (answered, cut) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let threads = (0..clients)
-            .map(|client| {
-                let (answered, cut) = (Arc::clone(&answered), Arc::clone(&cut));
-                let codes = codes.to_vec();
-                std::thread::spawn(move || {
-                    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
-                        return;
-                    };
-                    stream
-                        .set_read_timeout(Some(Duration::from_secs(10)))
-                        .expect("timeout");
-                    for i in client.. {
-                        let path = format!("/{}", codes[i % codes.len()]);
-                        match support::binary::get(&mut stream, &path) {
-                            Ok(response) => {
-                                assert_eq!(response.status, 307);
-                                answered.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(_) => {
-                                cut.fetch_add(1, Ordering::Relaxed);
-                                return;
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        KeptAliveClients {
-            answered,
-            cut,
-            threads,
-        }
-    }
-
-    fn answered(&self) -> u64 {
-        self.answered.load(Ordering::Relaxed)
-    }
-
-    /// Waits for every client to meet the closed server; `(answered, cut)`.
-    fn join(self) -> (u64, u64) {
-        for thread in self.threads {
-            thread.join().expect("client");
-        }
-        (
-            self.answered.load(Ordering::Relaxed),
-            self.cut.load(Ordering::Relaxed),
-        )
-    }
-}
-
 // SIGKILL under redirect load, ten times, with the default durability (the
 // journal): every redirect answered before the kill is counted after the
 // restarts, and the only excess is requests the kill cut (recorded, then
@@ -832,7 +770,7 @@ async fn sigkill_under_redirect_load_loses_no_answered_hit() {
         }
         let clients = KeptAliveClients::start(server.addr(), &codes, 4);
         // A different moment of the flush interval each round.
-        let target = 300 + round * 211;
+        let target = 1_000 + round * 701;
         let deadline = Instant::now() + Duration::from_secs(60);
         while clients.answered() < target {
             assert!(Instant::now() < deadline, "round {round}: too slow");

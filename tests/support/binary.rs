@@ -24,6 +24,7 @@ use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -851,7 +852,9 @@ pub fn connect(addr: SocketAddr) -> TcpStream {
 /// # Errors
 /// Any I/O error, including EOF before a complete response.
 pub fn get(stream: &mut TcpStream, path: &str) -> io::Result<RawResponse> {
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: lameduck\r\n\r\n")?;
+    // One write: `write!` would send each piece as a segment of its own,
+    // and Nagle's algorithm hold the last for the server's delayed ACK.
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: lameduck\r\n\r\n").as_bytes())?;
     read_response(stream)
 }
 
@@ -1106,5 +1109,71 @@ pub fn wait_database(admin: SocketAddr, state: &str) -> RawResponse {
             String::from_utf8_lossy(&response.body)
         );
         thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// Redirect clients on keep-alive connections until the server goes away:
+/// each counts the redirects answered 307, and the requests cut (sent,
+/// never answered: recorded or not, the client cannot tell). Any other
+/// answer (a request shed with 503) counts as neither, and the client goes on.
+pub struct KeptAliveClients {
+    answered: Arc<AtomicU64>,
+    cut: Arc<AtomicU64>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl KeptAliveClients {
+    /// `clients` connections to `addr`, each asking for `codes` in turn.
+    pub fn start(addr: SocketAddr, codes: &[String], clients: usize) -> KeptAliveClients {
+        let (answered, cut) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let threads = (0..clients)
+            .map(|client| {
+                let (answered, cut) = (Arc::clone(&answered), Arc::clone(&cut));
+                let codes = codes.to_vec();
+                thread::spawn(move || {
+                    let Ok(mut stream) = TcpStream::connect(addr) else {
+                        return;
+                    };
+                    stream
+                        .set_read_timeout(Some(Duration::from_secs(10)))
+                        .and_then(|()| stream.set_nodelay(true))
+                        .expect("socket options");
+                    for i in client.. {
+                        let path = format!("/{}", codes[i % codes.len()]);
+                        match get(&mut stream, &path) {
+                            Ok(response) if response.status == 307 => {
+                                answered.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(_) => {}
+                            Err(_) => {
+                                cut.fetch_add(1, Ordering::Relaxed);
+                                return;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        KeptAliveClients {
+            answered,
+            cut,
+            threads,
+        }
+    }
+
+    /// The redirects answered so far.
+    pub fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
+    }
+
+    /// Waits for every client to meet the closed server; `(answered, cut)`.
+    pub fn join(self) -> (u64, u64) {
+        for thread in self.threads {
+            thread.join().expect("client");
+        }
+        (
+            self.answered.load(Ordering::Relaxed),
+            self.cut.load(Ordering::Relaxed),
+        )
     }
 }

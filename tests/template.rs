@@ -125,7 +125,14 @@ fn the_minimal_service_generates_and_passes_its_own_test_command() {
     let generated = Generated::new(false);
     let root = generated.root();
 
-    for kept in ["src/app.rs", "tests", "lifecycle/src/lib.rs", "Dockerfile"] {
+    for kept in [
+        "src/app.rs",
+        "src/counts.rs",
+        "tests/state.rs",
+        "lifecycle/src/lib.rs",
+        "writebehind/src/lib.rs",
+        "Dockerfile",
+    ] {
         assert!(root.join(kept).exists(), "{kept} is missing");
     }
     for gone in [
@@ -148,7 +155,13 @@ fn the_minimal_service_generates_and_passes_its_own_test_command() {
         assert!(!text.contains("sqlx"), "{file} still has sqlx");
     }
     let workspace = generated.read("Cargo.toml");
-    assert!(workspace.contains(&format!("{NAME}-lifecycle = {{ path = \"lifecycle\" }}")));
+    for crate_dir in ["lifecycle", "writebehind"] {
+        let dependency = format!("{NAME}-{crate_dir} = {{ path = \"{crate_dir}\" }}");
+        assert!(
+            workspace.contains(&dependency),
+            "Cargo.toml: no {dependency}"
+        );
+    }
     generated.check_readme(&["cargo run -- server", "cargo test"]);
 
     let _cargo = lock(&CARGO);
@@ -224,18 +237,22 @@ impl Generated {
             manifest.contains(&format!("name = \"{NAME}\"")),
             "{manifest}"
         );
-        let lifecycle = self.read("lifecycle/Cargo.toml");
-        assert!(
-            lifecycle.contains(&format!("name = \"{NAME}-lifecycle\"")),
-            "{lifecycle}"
-        );
+        for crate_dir in ["lifecycle", "writebehind"] {
+            let manifest = self.read(&format!("{crate_dir}/Cargo.toml"));
+            assert!(
+                manifest.contains(&format!("name = \"{NAME}-{crate_dir}\"")),
+                "{manifest}"
+            );
+        }
 
         let dockerfile = self.read("Dockerfile");
         for expected in [
             format!("ENTRYPOINT [\"/usr/local/bin/{NAME}\"]"),
             format!("{SHOUTY}_LISTEN=0.0.0.0:8080"),
             format!("-p {NAME} --bin {NAME}"),
-            format!("cargo clean --release --locked -p {NAME} -p {NAME}-lifecycle"),
+            format!(
+                "cargo clean --release --locked -p {NAME} -p {NAME}-lifecycle -p {NAME}-writebehind"
+            ),
         ] {
             assert!(dockerfile.contains(&expected), "Dockerfile: no {expected}");
         }

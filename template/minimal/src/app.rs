@@ -1,12 +1,14 @@
 //! The service itself, wired to the lifecycle: one JSON route, one
-//! background worker, one finalizer. This is the part you replace.
+//! background worker, one finalizer, and requests per route kept through
+//! the write-behind component (`counts`). This is the part you replace.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::routing::post;
+use axum::middleware;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
@@ -16,8 +18,10 @@ use tokio::net::TcpListener;
 use lameduck_lifecycle::handoff::{Inherited, Listeners};
 use lameduck_lifecycle::{Lifecycle, Report, LOG_TARGET};
 use lameduck_lifecycle::{ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE};
+use lameduck_writebehind::{OpenError, ReplayError};
 
 use crate::config::ServerConfig;
+use crate::counts::{self, Counts, CountsFile};
 use crate::http;
 use crate::metrics::LifecycleCollector;
 
@@ -26,6 +30,11 @@ const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 
 /// How long the finalizer may take.
 const FAREWELL_BUDGET: Duration = Duration::from_secs(1);
+
+/// How long the final flush of the request counts, after the last request,
+/// may retry `counts.json` before it spills them to the state directory
+/// (a local file takes milliseconds). Part of the shutdown budget.
+const FINAL_FLUSH_BUDGET: Duration = Duration::from_secs(2);
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +48,13 @@ pub(crate) enum StartupError {
         #[source]
         source: std::io::Error,
     },
+    /// The state directory cannot take a file.
+    #[error("cannot keep state")]
+    State(#[from] OpenError),
+    /// What an earlier run left in the state directory could not be
+    /// applied: serving without it would count from less than was counted.
+    #[error("cannot apply the state an earlier run left")]
+    Replay(#[from] ReplayError),
 }
 
 /// A built service: listeners bound, workers running, routers ready.
@@ -68,6 +84,11 @@ impl App {
         LifecycleCollector::register(lifecycle.watch().metrics(), &mut registry);
         let greetings = Counter::<u64>::default();
         registry.register("greetings", "Greetings sent", greetings.clone());
+        let mut state = lameduck_writebehind::Config::new("counts", &config.state_dir);
+        state.durability = config.state_durability.into();
+        state.final_flush_budget = FINAL_FLUSH_BUDGET;
+        let counts = Counts::open(state)?;
+        counts.register(&mut registry);
 
         let listener = listen(config.listen, inherited.public).await?;
         let admin_listener = listen(config.admin_listen, inherited.admin).await?;
@@ -85,8 +106,7 @@ impl App {
                 Ok(())
             }
         });
-        // Runs after the last request, within its budget (flush what you
-        // keep in memory here).
+        // Runs after the last request, within its budget.
         workers.on_shutdown("farewell", FAREWELL_BUDGET, {
             let greetings = greetings.clone();
             move || async move {
@@ -95,9 +115,18 @@ impl App {
             }
         });
 
+        // Applies what earlier runs left (the journal of a killed process,
+        // spill files) before serving; then the flusher, and the final
+        // flush after the last request (it runs before the farewell).
+        let file = CountsFile(config.state_dir.clone());
+        counts.attach(workers, file.clone()).await?;
+
         let api = Router::new()
             .route("/api/greetings", post(greet))
-            .with_state(greetings);
+            .with_state(greetings)
+            .route("/api/counts", get(counts::show))
+            .with_state(file)
+            .route_layer(middleware::from_fn_with_state(counts, counts::count));
         let router = http::public(api, lifecycle.watch().clone());
         let admin_router = http::admin(lifecycle.watch().clone(), Arc::new(registry));
         Ok(App {

@@ -95,6 +95,26 @@ pub(crate) struct ServerConfig {
     #[arg(long, env = "LAMEDUCK_H2_MAX_CONCURRENT_STREAMS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) h2_max_concurrent_streams: u32,
 
+    /// Where the service keeps state of its own (`src/counts.rs`): its
+    /// files, and the write-behind journal and spill files that keep what
+    /// is not in them yet. Created if missing; keep it across restarts (a
+    /// volume, a systemd `StateDirectory=`): the next start applies what a
+    /// killed process left there.
+    #[arg(
+        long,
+        env = "LAMEDUCK_STATE_DIR",
+        default_value = "state",
+        value_name = "PATH"
+    )]
+    pub(crate) state_dir: PathBuf,
+
+    /// What that state survives: `journal` also stores every update into a
+    /// journal in the state directory before the response is sent, so
+    /// SIGKILL and the OOM killer lose none; `memory` keeps pending updates
+    /// in memory only (every shutdown still keeps them).
+    #[arg(long, env = "LAMEDUCK_STATE_DURABILITY", value_enum, default_value_t = StateDurability::Journal)]
+    pub(crate) state_durability: StateDurability,
+
     /// Write the server's pid here once it is ready (and remove it at exit,
     /// unless a successor has replaced it): how scripts find the process to
     /// send SIGHUP for an in-place upgrade.
@@ -163,6 +183,25 @@ pub(crate) struct HealthcheckConfig {
     pub(crate) timeout: Duration,
 }
 
+/// What the write-behind state survives (`--state-durability`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum StateDurability {
+    /// Pending updates in memory only: a process kill loses them.
+    Memory,
+    /// Every update journaled before it is acknowledged: a process kill
+    /// loses none.
+    Journal,
+}
+
+impl From<StateDurability> for lameduck_writebehind::Durability {
+    fn from(durability: StateDurability) -> Self {
+        match durability {
+            StateDurability::Memory => lameduck_writebehind::Durability::Memory,
+            StateDurability::Journal => lameduck_writebehind::Durability::Journal,
+        }
+    }
+}
+
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum LogFormat {
@@ -189,6 +228,7 @@ mod tests {
         let config = server(&[]).expect("defaults parse");
         assert_eq!(config.drain_delay, Duration::ZERO);
         assert_eq!(config.shutdown_timeout, Duration::from_secs(20));
+        assert_eq!(config.state_durability, StateDurability::Journal);
         let config =
             server(&["--drain-delay", "250ms", "--shutdown-timeout", "1m"]).expect("parse");
         assert_eq!(config.drain_delay, Duration::from_millis(250));

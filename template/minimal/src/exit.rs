@@ -22,10 +22,15 @@ pub(crate) enum Exit {
     Forced = 4,
     /// A critical worker failed and shut the process down.
     WorkerFailed = 5,
-    // 6 and 8 are kept free for state that must outlive the process (the
-    // full template uses them for spilled and lost state).
+    /// State could not be written at the final flush: it is in a spill
+    /// file in the state directory, applied at the next start.
+    StateSpilled = 6,
     /// A finalizer failed or overran its budget.
     FinalizerFailed = 7,
+    /// State was lost: it could be written neither where it belongs nor
+    /// to a spill file (disk full, a read-only or unusable directory), and
+    /// no journal kept it. The log names the directory and the count.
+    StateLost = 8,
 }
 
 impl Exit {
@@ -35,9 +40,12 @@ impl Exit {
     }
 
     /// The exit a run ending in `report` calls for. When several apply,
-    /// the first of: forced, deadline exceeded, worker failed, finalizer
-    /// failed.
+    /// the first of: state lost, forced, deadline exceeded, worker failed,
+    /// finalizer failed, state spilled.
     pub(crate) fn from_report(report: &Report) -> Exit {
+        if report.stop.state_lost() {
+            return Exit::StateLost;
+        }
         if report.stop.forced {
             return Exit::Forced;
         }
@@ -46,6 +54,7 @@ impl Exit {
             DrainOutcome::DeadlineExceeded => Exit::DeadlineExceeded,
             DrainOutcome::Clean if report.stop.worker_failed() => Exit::WorkerFailed,
             DrainOutcome::Clean if report.stop.finalizer_failed() => Exit::FinalizerFailed,
+            DrainOutcome::Clean if report.stop.state_spilled() => Exit::StateSpilled,
             DrainOutcome::Clean => Exit::Clean,
         }
     }

@@ -4,6 +4,7 @@
 //! into an exit code.
 //!
 //! - [`app`]: the service (one route, one worker, one finalizer): replace it.
+//! - [`counts`]: state of its own, requests per route, written behind.
 //! - [`config`]: command line and environment. [`exit`]: exit codes.
 //! - [`http`]: health, readiness, metrics. [`healthcheck`]: the container
 //!   health probe. [`telemetry`]: logging, and traces over OTLP when an
@@ -11,10 +12,12 @@
 //!
 //! The lifecycle itself (signals, lame duck, drain, deadline, workers and
 //! finalizers, socket activation, in-place upgrade) is the crate in
-//! `lifecycle/`.
+//! `lifecycle/`; the write-behind component (flush, journal, spill, replay)
+//! the one in `writebehind/`.
 
 mod app;
 mod config;
+mod counts;
 mod exit;
 mod healthcheck;
 mod http;

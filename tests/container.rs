@@ -26,6 +26,8 @@
 //! 127.0.0.1 and, between containers, within the test's network; every loop
 //! is bounded in count and time.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::process::{Command as StdCommand, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -1083,4 +1085,171 @@ async fn a_spill_reaches_the_next_container_through_a_named_volume() {
     println!(
         "a forced exit spilled {REDIRECTS} hits to a named volume; the next container applied them"
     );
+}
+
+// --- 5: the OOM killer -----------------------------------------------------------
+
+/// The OOM test's memory limit (swap included): room for the server at
+/// rest and under its redirect load, not for a thousand request bodies
+/// held at once.
+const OOM_MEMORY_LIMIT: &str = "48m";
+/// Uploads in the burst that takes the memory: each declares a 64 KiB body
+/// (the default `--max-body-bytes`), sends 60 KiB of it and waits, as a
+/// burst of large uploads on a slow network does. 90 MB in all.
+const OOM_UPLOADS: usize = 1_500;
+const OOM_UPLOAD_PART: usize = 60 * 1024;
+
+// SIGKILL's everyday form in Kubernetes: a container over its memory limit
+// is killed by the kernel's OOM killer, with no signal it can handle. The
+// image with a memory limit, redirects on keep-alive connections, and a
+// burst of large uploads that takes the server over its limit: the kernel
+// kills it (`OOMKilled: true`, exit 137). Restarted in place, on its
+// volumes, as the kubelet restarts a container: every redirect answered
+// before the kill is counted, and the only excess is requests the kill cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oom_killer_loses_no_answered_hit() {
+    const CODES: usize = 10;
+    if !engine_available().await {
+        return;
+    }
+    let _turn = ONE_AT_A_TIME.lock().await;
+    image().await;
+
+    let resources = Resources::default();
+    let name = resources.container(&unique("oom"));
+    let data = format!("{}:/data", resources.volume(&unique("oom-data")));
+    let spill = format!("{}:/spill", resources.volume(&unique("oom-spill")));
+    docker(&[
+        "run",
+        "--detach",
+        "--name",
+        &name,
+        "--memory",
+        OOM_MEMORY_LIMIT,
+        "--memory-swap",
+        OOM_MEMORY_LIMIT,
+        "--publish",
+        &format!("127.0.0.1:0:{APP_PORT}"),
+        "--volume",
+        &data,
+        "--volume",
+        &spill,
+        // Hits stay in memory, and in the journal, until the kill.
+        "--env",
+        "LAMEDUCK_FLUSH_INTERVAL=1h",
+        IMAGE,
+    ])
+    .await;
+    let addr = published(&name, APP_PORT).await;
+    wait_ok(
+        &client(),
+        &format!("http://{addr}/healthz"),
+        Duration::from_secs(30),
+    )
+    .await;
+    let codes: Vec<String> = (0..CODES)
+        .map(|n| support::binary::create_link(addr, &format!("https://example.com/oom-{n}")))
+        .collect();
+
+    let clients = support::binary::KeptAliveClients::start(addr, &codes, 4);
+    let warm = Instant::now();
+    while clients.answered() < 500 {
+        assert!(warm.elapsed() < Duration::from_secs(60), "too slow");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let uploads = hold_uploads(addr, &name).await;
+    let exit = docker(&["wait", &name]).await;
+    let oom_killed = inspect(&name, "{{.State.OOMKilled}}").await;
+    let logs = container_logs(&name).await;
+    assert_eq!(
+        (exit.as_str(), oom_killed.as_str()),
+        ("137", "true"),
+        "killed by the OOM killer after {uploads} uploads; logs:\n{logs}"
+    );
+    let (answered, cut) = tokio::task::spawn_blocking(|| clients.join())
+        .await
+        .expect("clients");
+
+    // The kubelet restarts the container in its pod: same volumes.
+    docker(&["start", &name]).await;
+    let addr = published(&name, APP_PORT).await;
+    wait_ok(
+        &client(),
+        &format!("http://{addr}/healthz"),
+        Duration::from_secs(30),
+    )
+    .await;
+    let logs = container_logs(&name).await;
+    assert!(
+        logs.contains("applied spilled hits"),
+        "the killed process's journal is applied at the restart:\n{logs}"
+    );
+    let mut stored = 0;
+    for code in &codes {
+        let info: serde_json::Value = client()
+            .get(format!("http://{addr}/api/links/{code}"))
+            .send()
+            .await
+            .expect("info")
+            .json()
+            .await
+            .expect("json");
+        stored += info["hits"].as_u64().expect("hits");
+    }
+    docker(&["stop", &name]).await;
+    assert_eq!(inspect(&name, "{{.State.ExitCode}}").await, "0");
+    assert!(
+        stored >= answered,
+        "{stored} hits stored, {answered} redirects answered: {} lost",
+        answered - stored
+    );
+    assert!(
+        stored - answered <= cut,
+        "{stored} hits stored, {answered} answered, {cut} cut by the kill"
+    );
+    println!(
+        "OOM kill after {uploads} uploads: {answered} redirects answered, {cut} cut, {stored} hits stored"
+    );
+}
+
+/// Opens uploads that each hold [`OOM_UPLOAD_PART`] bytes of a body in
+/// the server, until the container `name` stops running; bounded by
+/// [`OOM_UPLOADS`] and a minute. Returns how many were opened.
+async fn hold_uploads(addr: SocketAddr, name: &str) -> usize {
+    let head = format!(
+        "POST /api/links HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        64 * 1024
+    );
+    let part = vec![b' '; OOM_UPLOAD_PART];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut held = Vec::new();
+    for n in 0..OOM_UPLOADS {
+        if n % 100 == 0 && inspect(name, "{{.State.Running}}").await != "true" {
+            return n;
+        }
+        assert!(Instant::now() < deadline, "{n} uploads and still running");
+        let Ok(mut upload) = TcpStream::connect(addr).await else {
+            return n;
+        };
+        // A server (or proxy) that stops reading leaves a write pending:
+        // the part is held in a buffer on the way either way.
+        let sent = tokio::time::timeout(Duration::from_secs(5), async {
+            upload.write_all(head.as_bytes()).await?;
+            upload.write_all(&part).await
+        })
+        .await;
+        if let Ok(Err(_)) = sent {
+            return n;
+        }
+        held.push(upload);
+    }
+    // Every upload is out: the server has them, or the kernel its memory.
+    while Instant::now() < deadline {
+        if inspect(name, "{{.State.Running}}").await != "true" {
+            return OOM_UPLOADS;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{OOM_UPLOADS} uploads held and {name} still runs");
 }

@@ -284,6 +284,17 @@ static IMAGE_BUILT: OnceCell<Result<(), String>> = OnceCell::const_new();
 /// The two tests share the engine and the two cores: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// A test's turn with the engine and the built image; `None` (the test
+/// passes) without an engine.
+async fn take_turn() -> Option<tokio::sync::MutexGuard<'static, ()>> {
+    if !engine_available().await {
+        return None;
+    }
+    let turn = ONE_AT_A_TIME.lock().await;
+    image().await;
+    Some(turn)
+}
+
 /// Base images, then the Dockerfile, once per test binary.
 async fn image() {
     let built = IMAGE_BUILT.get_or_init(build_image).await;
@@ -422,11 +433,9 @@ async fn status_of(client: &reqwest::Client, url: &str) -> Option<u16> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn container_is_healthy_non_root_and_drains_on_docker_stop() {
-    if !engine_available().await {
+    let Some(_turn) = take_turn().await else {
         return;
-    }
-    let _turn = ONE_AT_A_TIME.lock().await;
-    image().await;
+    };
 
     // What the image says about itself.
     let config = inspect(
@@ -803,11 +812,9 @@ async fn send_traffic(traffic: Arc<Traffic>, http: reqwest::Client, url: String,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_replacement_behind_a_load_balancer_drops_no_request() {
-    if !engine_available().await {
+    let Some(_turn) = take_turn().await else {
         return;
-    }
-    let _turn = ONE_AT_A_TIME.lock().await;
-    image().await;
+    };
     let test_start = Instant::now();
 
     let resources = Resources::default();
@@ -979,11 +986,9 @@ async fn rolling_replacement_behind_a_load_balancer_drops_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spill_reaches_the_next_container_through_a_named_volume() {
     const REDIRECTS: u64 = 50;
-    if !engine_available().await {
+    let Some(_turn) = take_turn().await else {
         return;
-    }
-    let _turn = ONE_AT_A_TIME.lock().await;
-    image().await;
+    };
 
     let resources = Resources::default();
     let data = resources.volume(&unique("data"));
@@ -1109,11 +1114,9 @@ const OOM_UPLOAD_PART: usize = 60 * 1024;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_oom_killer_loses_no_answered_hit() {
     const CODES: usize = 10;
-    if !engine_available().await {
+    let Some(_turn) = take_turn().await else {
         return;
-    }
-    let _turn = ONE_AT_A_TIME.lock().await;
-    image().await;
+    };
 
     let resources = Resources::default();
     let name = resources.container(&unique("oom"));

@@ -4,15 +4,12 @@
 //! against lameduck's same path without counting (`redirect-uncounted`):
 //! the cost of hit counting.
 
-use std::sync::Arc;
-
 use super::stats::{fmt_ratios, paired_ratio, paired_ratios, verdict};
 use super::table::{ratio_table, series_table};
 use super::{
     stop, Bench, BenchReport, Series, Target, COUNTING, MINIMAL_REDIRECT, NOT_COUNTING,
     THROUGHPUT_TARGET,
 };
-use crate::raw;
 use crate::SERVICE;
 
 impl Bench<'_> {
@@ -43,11 +40,7 @@ impl Bench<'_> {
         for replica in [&counted, &minimal, &uncounted] {
             self.create_links(replica).await?;
         }
-        let requests = Arc::new(
-            (0..self.options.links)
-                .map(|n| raw::get(&format!("/bench-{n}")))
-                .collect(),
-        );
+        let requests = self.redirect_requests();
         let targets = [
             Target::new(&COUNTING, &counted, &requests, 307),
             Target::new(MINIMAL_REDIRECT, &minimal, &requests, 307),

@@ -59,6 +59,7 @@ use crate::report::{self, fmt_ms};
 use crate::SERVICE;
 
 mod counting;
+mod durability;
 mod h2;
 mod instructions;
 mod shutdown;
@@ -69,6 +70,7 @@ mod throughput;
 mod tls;
 mod traces;
 
+pub use durability::{DurabilityRun, DURABILITY_TARGET};
 pub use h2::H2Case;
 pub use instructions::InstructionSeries;
 pub use shutdown::{ShutdownRun, ShutdownSeries};
@@ -96,6 +98,9 @@ pub enum Part {
     Instructions,
     /// A forced exit's synchronous spill of the pending hits.
     Spill,
+    /// The journal's cost: the counted redirect journaled against counted
+    /// in memory only, on one core and on all cores.
+    Durability,
     /// HTTPS against plain HTTP: keep-alive throughput and handshakes per
     /// second.
     Tls,
@@ -151,7 +156,7 @@ pub struct Options {
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub links: u32,
     /// The parts to run.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Part::Throughput, Part::Counting, Part::H2, Part::Tls, Part::Shutdown, Part::Instructions, Part::Spill, Part::Traces])]
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Part::Throughput, Part::Counting, Part::Durability, Part::H2, Part::Tls, Part::Shutdown, Part::Instructions, Part::Spill, Part::Traces])]
     pub parts: Vec<Part>,
     /// Links with pending hits in the spill part.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
@@ -259,6 +264,9 @@ pub struct BenchReport {
     /// `GET /{code}`: lameduck counting, the minimal axum app, lameduck's
     /// path not counting.
     pub counting: Vec<Series>,
+    /// The journal's cost: journaled, memory only and the minimal axum app
+    /// on `GET /{code}`, on one core when pinning, then on all cores.
+    pub durability: Vec<DurabilityRun>,
     /// Idle connections then SIGTERM: lameduck, the minimal axum app, plain
     /// axum::serve, hyper-util's `GracefulShutdown`, bare hyper exiting at
     /// once, and `close-floor` (no server); on one core when pinning, then
@@ -367,6 +375,11 @@ pub async fn run(
     } else {
         Vec::new()
     };
+    let durability = if options.parts.contains(&Part::Durability) {
+        bench.durability().await?
+    } else {
+        Vec::new()
+    };
     let shutdown = if options.parts.contains(&Part::Shutdown) {
         bench.shutdown().await?
     } else {
@@ -403,6 +416,7 @@ pub async fn run(
         placement,
         throughput,
         counting,
+        durability,
         shutdown,
         instructions,
         spill,
@@ -540,6 +554,29 @@ impl Bench<'_> {
         }
     }
 
+    /// Where the servers of a part run in turn: on one core (CPU 0) when
+    /// pinning, then on all cores.
+    fn placements(&self) -> Vec<(String, Option<String>)> {
+        let mut placements = Vec::new();
+        if let Some(cpus) = &self.cpus {
+            placements.push((
+                format!("one core (`taskset -c {cpus}`)"),
+                Some(cpus.clone()),
+            ));
+        }
+        placements.push((shutdown::ALL_CORES.to_owned(), None));
+        placements
+    }
+
+    /// `GET /bench-{n}` for each of the `--links` links.
+    fn redirect_requests(&self) -> Arc<Vec<Vec<u8>>> {
+        Arc::new(
+            (0..self.options.links)
+                .map(|n| raw::get(&format!("/bench-{n}")))
+                .collect(),
+        )
+    }
+
     /// Bare hyper on a free port; it takes no other argument.
     fn bare_spec(&self) -> Spec {
         Spec {
@@ -559,18 +596,28 @@ impl Bench<'_> {
     /// Closed-loop runs of every target, `--connections` connections of
     /// one request at a time, taking turns, the order rotating each round.
     async fn rounds(&self, targets: &[Target]) -> Vec<Series> {
+        self.rounds_counted(targets).await.0
+    }
+
+    /// [`Bench::rounds`], with every answer each target gave, warm-ups
+    /// included.
+    async fn rounds_counted(&self, targets: &[Target]) -> (Vec<Series>, Vec<u64>) {
         let mut runs: Vec<Vec<Run>> = vec![Vec::new(); targets.len()];
+        let mut answered = vec![0; targets.len()];
         for round in 0..self.options.rounds as usize {
             for turn in 0..targets.len() {
                 let index = (turn + round) % targets.len();
-                runs[index].push(self.turn(&targets[index], round).await.run);
+                let turn = self.turn(&targets[index], round).await;
+                answered[index] += turn.answered;
+                runs[index].push(turn.run);
             }
         }
-        targets
+        let series = targets
             .iter()
             .zip(runs)
             .map(|(target, runs)| Series::new(target.name, runs))
-            .collect()
+            .collect();
+        (series, answered)
     }
 
     /// One turn of `target` in round `round`: the `--warmup`, then the
@@ -675,6 +722,7 @@ pub fn summary(report: &BenchReport) -> String {
     let mut text = String::new();
     text.push_str(&throughput::throughput_summary(report, &footer));
     text.push_str(&counting::counting_summary(report, &footer));
+    text.push_str(&durability::durability_summary(report, &footer));
     if !report.h2.is_empty() {
         text.push_str(&h2::h2_summary(report, &footer));
     }
@@ -762,6 +810,7 @@ mod tests {
                 series(MINIMAL_REDIRECT, &[100.0]),
                 series(&NOT_COUNTING, &[50.0]),
             ],
+            durability: Vec::new(),
             shutdown: vec![
                 shutdown_series(&format!("{SERVICE} --drain-delay 0s"), &[50.0]),
                 shutdown_series(MINIMAL_AXUM, &[100.0]),

@@ -66,16 +66,8 @@ impl Bench<'_> {
     /// in every placement: on one core (CPU 0) when pinning, then on all
     /// of them.
     pub(super) async fn shutdown(&self) -> anyhow::Result<Vec<ShutdownSeries>> {
-        let mut placements = Vec::new();
-        if let Some(cpus) = &self.cpus {
-            placements.push((
-                format!("one core (`taskset -c {cpus}`)"),
-                Some(cpus.clone()),
-            ));
-        }
-        placements.push((ALL_CORES.to_owned(), None));
         let mut all = Vec::new();
-        for (placement, cpus) in placements {
+        for (placement, cpus) in self.placements() {
             all.extend(self.shutdown_on(&placement, cpus).await?);
         }
         Ok(all)

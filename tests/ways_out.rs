@@ -291,6 +291,20 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
                 let path = spill.path().expect("an explicit spill dir");
                 assert_eq!(line["dir"], path.display().to_string(), "{line}");
                 assert_eq!(line["level"], "ERROR", "{line}");
+                // And how many, as the batch that holds them is sealed.
+                let counted: u64 = logs
+                    .lines()
+                    .filter(|line| line.contains("updates not in the journal"))
+                    .map(|line| {
+                        let line: serde_json::Value = serde_json::from_str(line).expect("JSON");
+                        assert_eq!(line["dir"], path.display().to_string(), "{line}");
+                        line["updates"].as_u64().expect("a count")
+                    })
+                    .sum();
+                assert_eq!(
+                    counted, answered,
+                    "{way:?}: unjournaled count; logs:\n{logs}"
+                );
             }
             let line = logs
                 .lines()

@@ -354,6 +354,18 @@ impl<K: Key, V: Value, M: Merge<V>> WriteBehind<K, V, M> {
             batch.unjournaled += std::mem::take(&mut shard.unjournaled);
         }
         drop(shards);
+        if batch.unjournaled > 0 {
+            // Loud once a batch: the journal's failure was logged when it
+            // began; this says how much it has left to memory alone.
+            let name = inner.config.name;
+            tracing::warn!(
+                state = name,
+                updates = batch.unjournaled,
+                batch = %batch.id,
+                dir = %inner.config.dir.display(),
+                "{name}: updates not in the journal; a process kill before they land would lose them"
+            );
+        }
         if batch.updates > 0 {
             unconfirmed.push(batch);
         }

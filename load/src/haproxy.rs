@@ -57,6 +57,14 @@ pub struct Checks {
     /// behind a delay.
     #[arg(long = "lb-retries", value_name = "N", default_value_t = 0)]
     pub retries: u32,
+    /// Retries go to another replica (`option redispatch 1`) and only when
+    /// the connection failed, so the request never reached a replica
+    /// (`retry-on conn-failure`): an L7 balancer's way past a replica that
+    /// died. Never a request a replica took and then died with, which it
+    /// may have counted. Set by the scenarios that need it (`load crash`),
+    /// not a flag: with `retries` 0 it changes nothing.
+    #[arg(skip)]
+    pub redispatch: bool,
 }
 
 impl Checks {
@@ -289,7 +297,9 @@ impl Haproxy {
 }
 
 /// The slot of the server that answered, from the `x-served-by` header the
-/// balancer adds to every response (`s3` → 3).
+/// balancer adds to every response (`s3` → 3) — its own errors too, which
+/// name the server it gave the request to (a 502 when that server died
+/// with it), or none (`<NOSRV>`).
 pub fn served_by(value: &str) -> Option<u8> {
     value.strip_prefix('s')?.parse().ok()
 }
@@ -313,6 +323,11 @@ fn render_config(
 ) -> String {
     let inter = checks.inter.as_millis();
     let (fall, rise, retries) = (checks.fall, checks.rise, checks.retries);
+    let redispatch = if checks.redispatch {
+        "\x20   option redispatch 1\n\x20   retry-on conn-failure\n"
+    } else {
+        ""
+    };
     let socket = socket.display();
     let backend = |name: &str, extra: &str| {
         format!(
@@ -321,7 +336,7 @@ fn render_config(
              \x20   option httpchk\n\
              \x20   http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host lb\n\
              \x20   http-check expect status 200\n\
-             \x20   http-response set-header x-served-by %s\n\
+             \x20   http-after-response set-header x-served-by %s\n\
              \x20   server-template s 1-{slots} 127.0.0.1:9 disabled check{extra}\n"
         )
     };
@@ -340,6 +355,7 @@ fn render_config(
          \x20   option dontlog-normal\n\
          \x20   option http-keep-alive\n\
          \x20   retries {retries}\n\
+         {redispatch}\
          \x20   timeout connect 1s\n\
          \x20   timeout client 30s\n\
          \x20   timeout server 30s\n\

@@ -21,13 +21,18 @@
 //!    readiness must hold, calls that need the database must fail fast
 //!    behind an open circuit breaker, and every hit must be stored. Beside
 //!    it, the same with `--readiness-follows-database`.
-//! 4. `load soak` and `load abuse` (not in CI): many idle connections and
+//! 4. `load crash` SIGKILLs one of R replicas behind HAProxy every few
+//!    seconds under open-loop redirects and restarts it on the same ports,
+//!    as the kubelet restarts a container: only the requests in flight on
+//!    the killed replica may fail, and the hits stored must lie between the
+//!    redirects answered and those plus the requests the kills cut.
+//! 5. `load soak` and `load abuse` (not in CI): many idle connections and
 //!    load past the concurrency limit; slow bodies and slowloris from the
 //!    real `slowhttptest` while a normal client keeps working, then SIGTERM.
 //!
 //! # Layout
-//! - [`rollout`], [`bench`], [`outage`]: the three scenarios; [`soak`],
-//!   [`abuse`]: the long runs outside CI.
+//! - [`rollout`], [`bench`], [`outage`], [`crash`]: the four scenarios;
+//!   [`soak`], [`abuse`]: the long runs outside CI.
 //! - [`traffic`]: open-loop mixed load over HTTP/1.1 and HTTP/2 clients;
 //!   [`fate`]: what happened to one request. [`raw`]: a minimal HTTP/1.1
 //!   client for closed-loop benchmarks and idle connections.
@@ -43,6 +48,7 @@ pub mod abuse;
 pub mod baseline;
 pub mod bench;
 pub mod binaries;
+pub mod crash;
 pub mod fate;
 pub mod haproxy;
 pub mod machine;

@@ -6,6 +6,8 @@
 //! cargo run -p load --release -- bench              # Scenario 2
 //! cargo run -p load --release -- outage             # Scenario 3: the database misbehaving
 //! cargo run -p load --release -- outage --smoke     # its short correctness run
+//! cargo run -p load --release -- crash --check      # Scenario 4: SIGKILLs under load
+//! cargo run -p load --release -- crash --smoke      # its short correctness run
 //! cargo run -p load --release -- soak               # idle connections + load past the limit (not in CI)
 //! cargo run -p load --release -- abuse              # slowhttptest slow bodies and slowloris + a normal client (not in CI)
 //! ```
@@ -17,7 +19,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use load::binaries::{self, Binaries};
 use load::machine::Machine;
-use load::{abuse, bench, outage, rollout, soak};
+use load::{abuse, bench, crash, outage, rollout, soak};
 
 /// The rollout harness and benchmarks of lameduck.
 #[derive(Debug, Parser)]
@@ -37,6 +39,10 @@ enum Command {
     /// Scenario 3: replicas behind HAProxy while the database is stopped,
     /// locked, restarted, and cut off from one replica.
     Outage(outage::Options),
+    /// Scenario 4: replicas behind HAProxy under load, one SIGKILLed every
+    /// few seconds and restarted; here the balancer retries a refused
+    /// connection on another replica (--lb-retries at least 1).
+    Crash(crash::Options),
     /// Many idle connections and sustained load past the concurrency limit,
     /// then SIGTERM (not in CI).
     Soak(soak::Options),
@@ -53,6 +59,7 @@ fn main() -> ExitCode {
         Command::Rollout(options) => run_rollout(options.resolve(), machine),
         Command::Bench(options) => bench::main(options, machine),
         Command::Outage(options) => run_outage(options.resolve(), machine),
+        Command::Crash(options) => run_crash(options.resolve(), machine),
         Command::Soak(options) => soak::main(options, machine),
         Command::Abuse(options) => abuse::main(options, machine),
     }
@@ -113,6 +120,40 @@ fn run_outage(options: outage::Options, mut machine: Machine) -> ExitCode {
             eprintln!(
                 "load: check passed: no failed redirect, failing fast behind an open breaker, \
                  every replica ready throughout, no lost hit"
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })();
+    result.unwrap_or_else(|error| {
+        eprintln!("load: error: {error:#}");
+        ExitCode::from(2)
+    })
+}
+
+fn run_crash(options: crash::Options, mut machine: Machine) -> ExitCode {
+    let result = (|| -> anyhow::Result<ExitCode> {
+        if !options.no_install {
+            binaries::install_test_deps(&["postgres", "haproxy"])?;
+        }
+        let binaries = Binaries::for_run(options.bin_dir.as_deref(), &mut machine)?;
+        let out = output_dir(options.out.clone(), "crash");
+        let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+        let check = options.check;
+        let report = runtime.block_on(crash::run(options, &binaries, machine, &out))?;
+        crash::summary::write(&report, &out)?;
+        println!("{}", crash::summary::summary(&report));
+        println!(
+            "Written: {}/{{crash.json,crash.svg,summary.md}} and logs/",
+            out.display()
+        );
+        if check {
+            if let Err(problems) = crash::summary::verdict(&report) {
+                eprintln!("load: check FAILED: {problems}");
+                return Ok(ExitCode::FAILURE);
+            }
+            eprintln!(
+                "load: check passed: only requests in flight on a killed replica failed, \
+                 answered ≤ stored ≤ answered + cut, every exit 0"
             );
         }
         Ok(ExitCode::SUCCESS)

@@ -1,6 +1,7 @@
 //! Output: Markdown tables for stdout and the README, JSON for machines,
-//! and an SVG picture of a rollout (requests per second and failures over
-//! time, with every SIGTERM and every new replica's readiness marked).
+//! and an SVG picture of a run (requests per second and failures over
+//! time, with every SIGTERM or SIGKILL and every replica's readiness
+//! marked, and the p99 latency per second where a scenario gives it).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -20,6 +21,22 @@ pub mod millis {
     /// The serializer's.
     pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_f64((d.as_secs_f64() * 1e6).round() / 1e3)
+    }
+}
+
+/// Serializes an `Option<Duration>` as milliseconds (a float), or null.
+pub mod opt_millis {
+    use std::time::Duration;
+
+    /// For `#[serde(with = "crate::report::opt_millis")]`.
+    ///
+    /// # Errors
+    /// The serializer's.
+    pub fn serialize<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::millis::serialize(d, s),
+            None => s.serialize_none(),
+        }
     }
 }
 
@@ -156,6 +173,10 @@ pub enum MarkKind {
     LbOut,
     /// The old replica exited.
     Exit,
+    /// A replica was sent SIGKILL.
+    Sigkill,
+    /// The balancer put a replica back (health checks passed).
+    LbIn,
 }
 
 /// A shaded stretch of a picture, with a label: a phase of a scenario.
@@ -182,10 +203,16 @@ pub struct Panel {
     pub marks: Vec<Mark>,
     /// Shaded stretches.
     pub spans: Vec<Span>,
+    /// Per second: the p99 latency of the requests answered as expected,
+    /// in milliseconds, drawn against a right-hand axis; empty for none.
+    pub p99_ms: Vec<f64>,
 }
 
 /// The rollout picture's legend.
 const ROLLOUT_LEGEND: &str = r##"<tspan fill="#1f77b4">━ answered as expected /s</tspan>   <tspan fill="#d62728">▮ failed /s</tspan>   <tspan fill="#2ca02c">▼ new replica ready</tspan>   <tspan fill="#d62728">┆ SIGTERM</tspan>   <tspan fill="#ff7f0e">┆ balancer took it out</tspan>   <tspan fill="#7f7f7f">┆ exit</tspan>"##;
+
+/// The crash picture's legend.
+pub const CRASH_LEGEND: &str = r##"<tspan fill="#1f77b4">━ answered as expected /s</tspan>   <tspan fill="#9467bd">━ p99 latency (ms, right)</tspan>   <tspan fill="#d62728">▮ failed /s</tspan>   <tspan fill="#d62728">│ SIGKILL</tspan>   <tspan fill="#2ca02c">▼ restarted replica ready</tspan>   <tspan fill="#ff7f0e">┆ balancer took it out</tspan>   <tspan fill="#2ca02c">┆ put it back</tspan>"##;
 
 /// The legend of a picture with shaded phases and no marks.
 pub const PHASE_LEGEND: &str = r##"<tspan fill="#1f77b4">━ answered as expected /s</tspan>   <tspan fill="#d62728">▮ failed /s</tspan>   <tspan fill="#b8860b">░ the disturbance, named above it</tspan>"##;
@@ -203,9 +230,14 @@ pub fn timeline_svg(title: &str, legend: &str, panels: &[Panel]) -> String {
     const W: f64 = 960.0;
     const PANEL_H: f64 = 230.0;
     const LEFT: f64 = 60.0;
-    const RIGHT: f64 = 20.0;
     const TOP: f64 = 50.0;
-    let plot_w = W - LEFT - RIGHT;
+    // Room for the latency axis's labels, when there is one.
+    let right = if panels.iter().any(|p| !p.p99_ms.is_empty()) {
+        50.0
+    } else {
+        20.0
+    };
+    let plot_w = W - LEFT - right;
     let plot_h = PANEL_H - 70.0;
     #[allow(clippy::cast_precision_loss)]
     let height = TOP + PANEL_H * panels.len() as f64 + 30.0;
@@ -313,7 +345,9 @@ pub fn timeline_svg(title: &str, legend: &str, panels: &[Panel]) -> String {
             }
             let (color, dash) = match mark.kind {
                 MarkKind::Sigterm => ("#d62728", "4,3"),
+                MarkKind::Sigkill => ("#d62728", "none"),
                 MarkKind::LbOut => ("#ff7f0e", "2,2"),
+                MarkKind::LbIn => ("#2ca02c", "2,2"),
                 MarkKind::Ready | MarkKind::Exit => ("#7f7f7f", "1,3"),
             };
             let _ = writeln!(
@@ -351,9 +385,47 @@ pub fn timeline_svg(title: &str, legend: &str, panels: &[Panel]) -> String {
             r##"<polyline points="{}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>"##,
             points.trim_end()
         );
+        latency_line(&mut svg, panel, LEFT + plot_w, bottom, plot_h, &x_of);
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+/// A panel's p99 latency per second, against its own axis on the right of
+/// the plot (`right` is its x, `bottom` and `plot_h` the plot's).
+fn latency_line(
+    svg: &mut String,
+    panel: &Panel,
+    right: f64,
+    bottom: f64,
+    plot_h: f64,
+    x_of: &dyn Fn(f64) -> f64,
+) {
+    if panel.p99_ms.is_empty() {
+        return;
+    }
+    let top_ms = nice_ceiling(panel.p99_ms.iter().copied().fold(0.0, f64::max) * 1.1);
+    let y_of = |ms: f64| bottom - plot_h * ms / top_ms;
+    for step in 0..=2 {
+        let ms = top_ms * f64::from(step) / 2.0;
+        let _ = writeln!(
+            svg,
+            r##"<text x="{:.1}" y="{:.1}" fill="#9467bd">{}</text>"##,
+            right + 4.0,
+            y_of(ms) + 4.0,
+            fmt_ms(ms)
+        );
+    }
+    let mut points = String::new();
+    for (second, ms) in panel.p99_ms.iter().enumerate() {
+        #[allow(clippy::cast_precision_loss)]
+        let _ = write!(points, "{:.1},{:.1} ", x_of(second as f64 + 0.5), y_of(*ms));
+    }
+    let _ = writeln!(
+        svg,
+        r##"<polyline points="{}" fill="none" stroke="#9467bd" stroke-width="1" opacity="0.8"/>"##,
+        points.trim_end()
+    );
 }
 
 fn nice_ceiling(value: f64) -> f64 {
@@ -408,6 +480,7 @@ mod tests {
                 to_s: 2.0,
                 label: "database <down>".to_owned(),
             }],
+            p99_ms: vec![1.0, 2.5, 1.2],
         };
         let svg = rollout_svg("t", &[panel]);
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));

@@ -199,20 +199,10 @@ pub struct Replacement {
     pub sigterm_at_s: f64,
     /// From SIGTERM until the balancer's checks had taken it out of both
     /// backends (`None` if they never did within the wait bound).
-    #[serde(serialize_with = "serialize_opt_millis")]
+    #[serde(with = "crate::report::opt_millis")]
     pub lb_out_after: Option<Duration>,
     /// How it ended; `after` is its drain time, SIGTERM to exit.
     pub ended: Ended,
-}
-
-fn serialize_opt_millis<S: serde::Serializer>(
-    value: &Option<Duration>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    match value {
-        Some(d) => report::millis::serialize(d, serializer),
-        None => serializer.serialize_none(),
-    }
 }
 
 /// Counts by protocol and by kind.
@@ -307,6 +297,7 @@ impl FlavorResult {
             failed: self.failed_per_second.clone(),
             marks: self.marks.clone(),
             spans: Vec::new(),
+            p99_ms: Vec::new(),
         }
     }
 }
@@ -641,8 +632,12 @@ async fn run_flavor(
     ))
 }
 
-/// Creates `count` links through `addr` and returns their codes.
-async fn seed_links(
+/// Creates `count` links through `addr` and returns their codes
+/// (`seed-0`, `seed-1`, …).
+///
+/// # Errors
+/// If a creation fails or answers other than 201.
+pub(crate) async fn seed_links(
     addr: std::net::SocketAddr,
     count: u32,
     seed: u64,

@@ -237,6 +237,7 @@ fn panels(report: &OutageReport) -> Vec<Panel> {
                 failed,
                 marks: Vec::new(),
                 spans,
+                p99_ms: Vec::new(),
             }
         })
         .collect()

@@ -15,22 +15,42 @@ use std::hash::Hash;
 /// among its batches (`<instance>-<generation>`), so the journal can
 /// rebuild it after a kill without having written it anywhere.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BatchId(String);
+pub struct BatchId {
+    text: String,
+    /// Where the instance ends in `text`.
+    split: usize,
+    generation: u64,
+}
 
 impl BatchId {
     pub(crate) fn new(instance: &str, generation: u64) -> BatchId {
-        BatchId(format!("{instance}-{generation}"))
+        BatchId {
+            text: format!("{instance}-{generation}"),
+            split: instance.len(),
+            generation,
+        }
     }
 
     /// The id as text, at most 40 bytes: what the sink stores.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
+    }
+
+    /// The process that recorded the batch: the id's first part.
+    pub fn instance(&self) -> &str {
+        &self.text[..self.split]
+    }
+
+    /// The batch's place among its process's batches: the id's second
+    /// part. A process's generations grow, with gaps.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 }
 
 impl fmt::Display for BatchId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
 }
 

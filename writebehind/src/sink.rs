@@ -29,6 +29,18 @@ pub enum Applied {
 ///
 /// A sink that cannot keep ids gets at-least-once: a batch may be applied
 /// twice after a crash.
+///
+/// # Order
+/// One process hands one instance's batches over in generation order
+/// ([`BatchId::generation`](crate::BatchId::generation)): its own flushes
+/// in turn, and a replay pass the spill files oldest first, then the
+/// journals. Two processes replaying one directory at the same moment may
+/// hand a later batch over before an earlier one. So a sink that keeps, per
+/// [`BatchId::instance`](crate::BatchId::instance), only the newest
+/// generation it applied (and answers [`Applied::Before`] at or under it)
+/// is exactly-once when one process at a time replays its directory; with
+/// replicas sharing the directory, keep every id (a table, as a database
+/// sink does).
 pub trait Sink<K, V>: Send + Sync + 'static {
     /// Why a batch could not be applied: it stays pending and is retried,
     /// or spilled at exit.

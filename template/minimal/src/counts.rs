@@ -25,9 +25,10 @@ pub(crate) type Counts = WriteBehind<String, u64, Sum>;
 /// What has landed: requests per route.
 type Totals = BTreeMap<String, u64>;
 
-/// `counts.json`: the totals and, written with them, the number of the
-/// last batch applied from each process (batch ids are
-/// `<process>-<number>`, and a process's batches land in order).
+/// `counts.json`: the totals and, written with them, the newest batch
+/// applied from each process (`BatchId::generation`: one process applies a
+/// process's batches in order; see `Sink`'s "Order" for when it is not
+/// enough, and keep every id then).
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Stored {
     counts: Totals,
@@ -45,9 +46,7 @@ impl Sink<String, u64> for CountsFile {
 
     // No `.await`: dropped at exit, a call has replaced the file or not.
     async fn apply(&self, batch: &Batch<String, u64>) -> io::Result<Applied> {
-        let (process, number) = (batch.id().as_str().rsplit_once('-'))
-            .and_then(|(process, number)| Some((process, number.parse().ok()?)))
-            .ok_or_else(|| io::Error::other(format!("batch id {}", batch.id())))?;
+        let (process, number) = (batch.id().instance(), batch.id().generation());
         let turn = File::create(self.0.join("counts.lock"))?;
         turn.lock()?;
         let mut stored = read(&self.0)?;

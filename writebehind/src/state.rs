@@ -32,6 +32,10 @@ const SHARDS: usize = 32;
 /// Spare journal segments the flusher keeps ready.
 const SPARES: usize = 2;
 
+/// The least time worth a try of the final flush: a round trip to a store
+/// on the same network.
+const LAST_TRY: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Why a component could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
@@ -582,10 +586,13 @@ impl<K: Key, V: Value, M: Merge<V>> WriteBehind<K, V, M> {
                 }
                 Err(_elapsed) => break,
             }
-            if Instant::now() + backoff >= deadline {
+            // The time left is used to the end: the last wait is cut short
+            // so that one more try still has `LAST_TRY` for itself.
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left < LAST_TRY {
                 break;
             }
-            tokio::time::sleep(backoff).await;
+            tokio::time::sleep(backoff.min(left - LAST_TRY)).await;
             backoff = (backoff * 2).min(std::time::Duration::from_secs(1));
         }
         tracing::warn!(

@@ -1,6 +1,7 @@
 //! The component against its directory: what a process that died left is
 //! applied exactly once, torn records are skipped and counted, a live
-//! process's journal is left alone, and the journal's disk stays bounded.
+//! process's journal is left alone, the journal's disk stays bounded, and
+//! the final flush spends its whole budget on a store that is down.
 //!
 //! A process "dies" here by being dropped without its final flush: its
 //! ledger's lock goes with its file, and what it stored into its mappings
@@ -12,7 +13,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use lameduck_writebehind::{Applied, Batch, Config, Sink, Sum, WriteBehind};
+use lameduck_writebehind::{Applied, Batch, Config, FinalFlush, Sink, Sum, WriteBehind};
 
 type Counts = WriteBehind<String, u64, Sum>;
 
@@ -307,4 +308,34 @@ async fn a_reader_sees_each_pending_update_once_under_its_batch_id() {
             .sum::<u64>(),
         2
     );
+}
+
+// The final flush retries a store that is down to the end of its budget (less
+// the spill's reserve), not until its next backoff would pass it: a store
+// back just before then takes every update, and nothing is spilled.
+#[tokio::test(start_paused = true)]
+async fn the_final_flush_retries_a_store_that_is_down_until_its_budget_is_spent() {
+    let dir = tempfile::tempdir().expect("dir");
+    let counts = open(dir.path());
+    let store = Store::default();
+    store.down.store(true, Ordering::Relaxed);
+    record(&counts, 10);
+    // Budget 5 s, the last 500 ms kept for the spill: back at 4.4 s. With
+    // a backoff doubling from 50 ms to 1 s, the try due after 3.55 s would
+    // come at 4.55 s, past the 4.5 s mark.
+    let back = {
+        let down = Arc::clone(&store.down);
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(4_400)).await;
+            down.store(false, Ordering::Relaxed);
+        })
+    };
+    let outcome = counts.final_flush(&store).await.expect("nothing lost");
+    back.await.expect("the store came back");
+    assert!(
+        matches!(outcome, FinalFlush::Flushed { updates: 10 }),
+        "{outcome:?}"
+    );
+    assert_eq!(store.total(), 10);
+    assert_eq!(files(dir.path(), ".spill"), 0);
 }

@@ -135,8 +135,9 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
 
     /// Where hits go when the database cannot take them at exit, and where
-    /// this process looks for such files to apply, at startup and every
-    /// `SPILL_SCAN_INTERVAL` while it runs. Replicas of one service may
+    /// this process looks for such files (and for the journals of killed
+    /// processes) to apply, at startup and every 5 s while it runs (the
+    /// write-behind component's `scan_interval`). Replicas of one service may
     /// (and in containers should) share it on a durable volume: any live
     /// replica applies any replica's spill, exactly once.
     /// Default: `<data-dir>/spill`.

@@ -1177,3 +1177,18 @@ impl KeptAliveClients {
         )
     }
 }
+
+/// The bound a kill leaves on a count: every redirect answered is stored
+/// (`stored ≥ answered`), and the only excess is requests the kill cut —
+/// recorded, then killed before their response went out.
+pub fn assert_kill_bound(stored: u64, answered: u64, cut: u64) {
+    assert!(
+        stored >= answered,
+        "{stored} hits stored, {answered} redirects answered: {} lost",
+        answered - stored
+    );
+    assert!(
+        stored - answered <= cut,
+        "{stored} hits stored, {answered} answered, {cut} cut by the kills"
+    );
+}

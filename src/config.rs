@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::http::HttpLimits;
-use crate::lifecycle::ServeConfig;
+use crate::lifecycle::{DrainSpread, ServeConfig};
 use crate::listen::ListenAddr;
 pub use crate::telemetry::traces::OtlpConfig;
 pub use crate::telemetry::LogFormat;
@@ -195,9 +195,42 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
 
     /// A connection with no request in flight for this long is closed
-    /// (HTTP/1 keep-alive and HTTP/2).
-    #[arg(long, env = "LAMEDUCK_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    /// (HTTP/1 keep-alive and HTTP/2). Keep it below the idle timeout of
+    /// whatever sits in front (a balancer, a NAT), so that the server, not
+    /// a middlebox, closes idle connections.
+    #[arg(long = "max-connection-idle", visible_alias = "idle-timeout", env = "LAMEDUCK_MAX_CONNECTION_IDLE", default_value = "60s", value_parser = parse_positive_duration, value_name = "DURATION")]
     pub idle_timeout: Duration,
+
+    /// How the lame duck tells connections to close: `gradual` tells each
+    /// at its own moment, spread evenly over the drain delay, so their
+    /// clients reconnect elsewhere at an even rate (Envoy's gradual drain);
+    /// `immediate` tells every one at the signal.
+    #[arg(long, env = "LAMEDUCK_DRAIN_SPREAD", value_enum, default_value_t = Spread::Gradual)]
+    pub drain_spread: Spread,
+
+    /// Ask a connection open this long to close (as at a drain), so that the
+    /// clients' pools spread over replicas added since: behind an L4
+    /// balancer (a Kubernetes Service) nothing else moves a keep-alive
+    /// client. Off by default (e.g. `5m`).
+    #[arg(long, env = "LAMEDUCK_MAX_CONNECTION_AGE", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub max_connection_age: Option<Duration>,
+
+    /// Each connection's age limit is drawn this many percent either side
+    /// of `--max-connection-age`, so that connections opened together do
+    /// not close together.
+    #[arg(long, env = "LAMEDUCK_MAX_CONNECTION_AGE_JITTER", default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=100), value_name = "PERCENT")]
+    pub max_connection_age_jitter: u8,
+
+    /// How long a connection past its age may take to finish what it has in
+    /// flight (a long download, a server-sent event stream) before it is
+    /// dropped with it.
+    #[arg(long, env = "LAMEDUCK_MAX_CONNECTION_AGE_GRACE", default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub max_connection_age_grace: Duration,
+
+    /// Seed of each connection's draws (its moment in the drain spread, its
+    /// age within the jitter), to reproduce a run; random by default.
+    #[arg(long, env = "LAMEDUCK_CONNECTION_SEED", value_name = "N")]
+    pub connection_seed: Option<u64>,
 
     /// How long what the server sent may go unacknowledged (a client that
     /// stopped reading, a peer that vanished; the kernel's
@@ -261,6 +294,16 @@ impl ServerConfig {
             idle_timeout: self.idle_timeout,
             h2_max_concurrent_streams: self.h2_max_concurrent_streams,
             send_timeout: self.send_timeout,
+            drain_spread: match self.drain_spread {
+                Spread::Gradual => DrainSpread::Gradual,
+                Spread::Immediate => DrainSpread::Immediate,
+            },
+            max_connection_age: self.max_connection_age,
+            max_connection_age_jitter: f64::from(self.max_connection_age_jitter) / 100.0,
+            max_connection_age_grace: self.max_connection_age_grace,
+            connection_seed: self
+                .connection_seed
+                .unwrap_or_else(|| ServeConfig::default().connection_seed),
         }
     }
 
@@ -280,6 +323,15 @@ fn parse_mode(value: &str) -> Result<u32, String> {
         Ok(mode) if mode <= 0o777 => Ok(mode),
         _ => Err("expected an octal file mode such as 660".to_owned()),
     }
+}
+
+/// `--drain-spread`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Spread {
+    /// Each connection told at its own moment over the drain delay.
+    Gradual,
+    /// Every connection told at the signal.
+    Immediate,
 }
 
 fn parse_positive_duration(value: &str) -> Result<Duration, String> {

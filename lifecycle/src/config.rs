@@ -20,6 +20,23 @@ pub const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
 /// (or a dead peer) must not hold the drain until the deadline.
 pub const GOAWAY_GRACE: Duration = Duration::from_secs(1);
 
+/// How much of the lame-duck period connections take to hear that they
+/// must close.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DrainSpread {
+    /// Each connection is told at its own moment, drawn uniformly over the
+    /// lame-duck period: an idle one is closed then, a busy one gets
+    /// `Connection: close` on its next response (HTTP/1) or a GOAWAY
+    /// (HTTP/2). Its clients reconnect elsewhere at an even rate instead of
+    /// all at once (Envoy's gradual drain, HAProxy's `close-spread-time`).
+    #[default]
+    Gradual,
+    /// Every response after the signal says `Connection: close` and every
+    /// HTTP/2 connection gets its GOAWAY at once; idle HTTP/1 connections
+    /// are closed when the listener closes.
+    Immediate,
+}
+
 /// How connections are served and how the server shuts down; every field
 /// is an operator's choice (see `ServerConfig` for the flags).
 #[derive(Clone, Copy, Debug)]
@@ -49,6 +66,23 @@ pub struct ServeConfig {
     /// taking its answers holds its connection busy, out of the idle
     /// timeout's reach.
     pub send_timeout: Duration,
+    /// How the lame duck spreads telling connections to close.
+    pub drain_spread: DrainSpread,
+    /// A connection open this long (give or take the jitter) is asked to
+    /// close as at a drain, so that clients of long-lived pools move to
+    /// replicas added since (`None`: never).
+    pub max_connection_age: Option<Duration>,
+    /// Each connection's age limit is drawn within this fraction either
+    /// side of `max_connection_age` (0.1: ±10 %, gRPC's A9), so that the
+    /// connections of one burst do not all close together.
+    pub max_connection_age_jitter: f64,
+    /// How long a connection past its age may take to finish what it has in
+    /// flight (a long stream) before it is dropped with it.
+    pub max_connection_age_grace: Duration,
+    /// Seed of each connection's draws (its moment in the drain spread, its
+    /// age limit): a fixed seed makes them reproducible, see
+    /// [`draw`](crate::draw).
+    pub connection_seed: u64,
 }
 
 impl Default for ServeConfig {
@@ -61,6 +95,11 @@ impl Default for ServeConfig {
             idle_timeout: Duration::from_secs(60),
             h2_max_concurrent_streams: 256,
             send_timeout: Duration::from_secs(30),
+            drain_spread: DrainSpread::Gradual,
+            max_connection_age: None,
+            max_connection_age_jitter: 0.1,
+            max_connection_age_grace: Duration::from_secs(30),
+            connection_seed: crate::rotation::random_seed(),
         }
     }
 }

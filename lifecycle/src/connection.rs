@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::io::InspectReader;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::{LifecycleMetrics, Protocol};
+use crate::metrics::{CloseReason, LifecycleMetrics, Protocol};
 use crate::stage::Facts;
 use crate::Watch;
 
@@ -45,6 +45,12 @@ pub(crate) struct ConnState {
     /// Set once a response went out with `Connection: close`: the server,
     /// not the client, ended this connection.
     pub(crate) close_sent: AtomicBool,
+    /// Why the server wants this connection closed ([`CloseReason`] as a
+    /// number; 0 while it does not): its next response says so.
+    told: AtomicU8,
+    /// Every response after the signal says `Connection: close` (an
+    /// immediate drain), rather than those after the connection was told.
+    close_at_signal: bool,
     /// Requests of this connection not finished yet: from the head until
     /// the response body has been sent (or dropped).
     busy: AtomicUsize,
@@ -69,7 +75,9 @@ pub(crate) struct ConnState {
 }
 
 impl ConnState {
-    pub(crate) fn new(metrics: &LifecycleMetrics) -> ConnState {
+    /// A connection just accepted; `close_at_signal`: its responses say
+    /// `Connection: close` from the signal on, not from its own moment.
+    pub(crate) fn new(metrics: &LifecycleMetrics, close_at_signal: bool) -> ConnState {
         metrics.connection_moved(None, Some(Protocol::Pending));
         ConnState {
             protocol: AtomicU8::new(Protocol::Pending as u8),
@@ -77,6 +85,8 @@ impl ConnState {
             first_request: CancellationToken::new(),
             requests: OnceLock::new(),
             close_sent: AtomicBool::new(false),
+            told: AtomicU8::new(CloseReason::Client as u8),
+            close_at_signal,
             busy: AtomicUsize::new(0),
             unwritten: AtomicUsize::new(0),
             untaken: AtomicUsize::new(0),
@@ -121,7 +131,41 @@ impl ConnState {
         Facts {
             http2: self.protocol() == Protocol::Http2,
             served: self.first_request.is_cancelled(),
+            busy: self.busy() > 0,
         }
+    }
+
+    /// The server wants this connection closed, for `why`; the first reason
+    /// given is the one kept.
+    pub(crate) fn tell(&self, why: CloseReason) {
+        let untold = CloseReason::Client as u8;
+        let _ = self
+            .told
+            .compare_exchange(untold, why as u8, AcqRel, Acquire);
+    }
+
+    /// Why the server wants this connection closed, if it does.
+    pub(crate) fn told(&self) -> Option<CloseReason> {
+        CloseReason::from_u8(self.told.load(Acquire)).filter(|&why| why != CloseReason::Client)
+    }
+
+    /// Whether a response made now should close the connection (HTTP/1:
+    /// `Connection: close`; HTTP/2: GOAWAY), given whether shutdown has
+    /// begun; records the drain as the reason when it is one.
+    pub(crate) fn should_close(&self, shutting_down: bool) -> bool {
+        if self.told().is_some() {
+            return true;
+        }
+        let close = shutting_down && self.close_at_signal;
+        if close {
+            self.tell(CloseReason::Drain);
+        }
+        close
+    }
+
+    /// The instant this connection reaches `age`.
+    pub(crate) fn at_age(&self, age: Duration) -> Instant {
+        self.born + age
     }
 
     /// Requests of this connection not finished yet.
@@ -336,7 +380,7 @@ mod tests {
     use super::*;
 
     fn conn() -> ConnState {
-        ConnState::new(&LifecycleMetrics::default())
+        ConnState::new(&LifecycleMetrics::default(), true)
     }
 
     /// Runs `deadline` alongside the paused clock and returns when it fired,

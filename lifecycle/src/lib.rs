@@ -7,6 +7,7 @@ pub mod handoff;
 mod listener;
 pub mod metrics;
 mod request;
+mod rotation;
 mod serve;
 mod shutdown;
 mod stage;
@@ -16,12 +17,15 @@ mod woken;
 mod workers;
 
 pub use admin::ADMIN_CLOSE_GRACE;
-pub use config::{ServeConfig, ACCEPT_ERROR_BACKOFF, FIRST_REQUEST_GRACE, GOAWAY_GRACE};
+pub use config::{
+    DrainSpread, ServeConfig, ACCEPT_ERROR_BACKOFF, FIRST_REQUEST_GRACE, GOAWAY_GRACE,
+};
 pub use listener::Listener;
 pub use metrics::LifecycleMetrics;
 #[cfg(feature = "axum")]
 pub use request::NoRequestScope;
 pub use request::{RequestScope, Scoped, ScopedFuture, TrackedBody};
+pub use rotation::{draw, Draw};
 pub use serve::{serve, DrainOutcome, DrainReport};
 pub use shutdown::{Force, Phase, Shutdown, Trigger, Watch};
 pub use task::HttpService;

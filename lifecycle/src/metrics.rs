@@ -51,10 +51,73 @@ impl ClosedBy {
     }
 }
 
+/// Why a connection ended: the first reason the server had to end it, or
+/// the client's own choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The client closed it (or it failed) while the server still wanted it.
+    Client = 0,
+    /// The shutdown: the lame duck's spread or its end, or the drain.
+    Drain = 1,
+    /// It reached its maximum age (`ServeConfig::max_connection_age`).
+    Age = 2,
+    /// Nothing in flight for the idle limit.
+    Idle = 3,
+    /// The client was too slow: a request head, or taking its answers.
+    Timeout = 4,
+    /// Past its age, requests still in flight when the age's grace ran out:
+    /// dropped with them.
+    Grace = 5,
+    /// Dropped at the shutdown deadline or on a forced shutdown.
+    Abandoned = 6,
+}
+
+impl CloseReason {
+    /// Every reason, in label order.
+    pub const ALL: [CloseReason; 7] = [
+        CloseReason::Client,
+        CloseReason::Drain,
+        CloseReason::Age,
+        CloseReason::Idle,
+        CloseReason::Timeout,
+        CloseReason::Grace,
+        CloseReason::Abandoned,
+    ];
+
+    /// The label value: `client`, `drain`, `age`, `idle`, `timeout`,
+    /// `grace` or `abandoned`.
+    pub fn as_str(self) -> &'static str {
+        let labels = [
+            "client",
+            "drain",
+            "age",
+            "idle",
+            "timeout",
+            "grace",
+            "abandoned",
+        ];
+        labels[self as usize]
+    }
+
+    /// Who ended the connection for this reason.
+    pub fn by(self) -> ClosedBy {
+        match self {
+            CloseReason::Client => ClosedBy::Client,
+            CloseReason::Abandoned => ClosedBy::Abandoned,
+            _ => ClosedBy::Server,
+        }
+    }
+
+    pub(crate) fn from_u8(code: u8) -> Option<CloseReason> {
+        CloseReason::ALL.get(usize::from(code)).copied()
+    }
+}
+
 #[derive(Debug, Default)]
 struct Counters {
     connections_open: [AtomicI64; 3],
-    connections_closed: [AtomicU64; 3],
+    connections_accepted: AtomicU64,
+    connections_closed: [AtomicU64; 7],
     requests_in_flight: AtomicI64,
     requests_aborted: AtomicU64,
     requests_drained: AtomicU64,
@@ -73,8 +136,10 @@ pub struct LifecycleMetrics(Arc<Counters>);
 pub struct Snapshot {
     /// Open connections by protocol (pending until the first bytes tell).
     pub connections_open: [(Protocol, i64); 3],
-    /// Closed connections by who ended them.
-    pub connections_closed: [(ClosedBy, u64); 3],
+    /// Connections accepted so far.
+    pub connections_accepted: u64,
+    /// Closed connections by why they ended.
+    pub connections_closed: [(CloseReason, u64); 7],
     /// Requests whose response has not been produced yet.
     pub requests_in_flight: i64,
     /// Requests dropped before their response: hang-ups, resets, abandoned.
@@ -89,6 +154,22 @@ pub struct Snapshot {
     pub drain: Duration,
 }
 
+impl Snapshot {
+    /// Closed connections ended by `by`, whatever the reason.
+    pub fn closed_by(&self, by: ClosedBy) -> u64 {
+        let closed = self.connections_closed.iter();
+        closed
+            .filter(|(why, _)| why.by() == by)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Closed connections that ended for `why`.
+    pub fn closed_for(&self, why: CloseReason) -> u64 {
+        self.connections_closed[why as usize].1
+    }
+}
+
 impl LifecycleMetrics {
     /// Every counter, read now.
     pub fn snapshot(&self) -> Snapshot {
@@ -96,8 +177,9 @@ impl LifecycleMetrics {
         Snapshot {
             connections_open: Protocol::ALL
                 .map(|p| (p, c.connections_open[p as usize].load(Relaxed))),
-            connections_closed: ClosedBy::ALL
-                .map(|b| (b, c.connections_closed[b as usize].load(Relaxed))),
+            connections_accepted: c.connections_accepted.load(Relaxed),
+            connections_closed: CloseReason::ALL
+                .map(|r| (r, c.connections_closed[r as usize].load(Relaxed))),
             requests_in_flight: c.requests_in_flight.load(Relaxed),
             requests_aborted: c.requests_aborted.load(Relaxed),
             requests_drained: c.requests_drained.load(Relaxed),
@@ -127,8 +209,12 @@ impl LifecycleMetrics {
         }
     }
 
-    pub(crate) fn connection_closed(&self, by: ClosedBy) {
-        self.0.connections_closed[by as usize].fetch_add(1, Relaxed);
+    pub(crate) fn connection_accepted(&self) {
+        self.0.connections_accepted.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn connection_closed(&self, why: CloseReason) {
+        self.0.connections_closed[why as usize].fetch_add(1, Relaxed);
     }
 
     pub(crate) fn request_started(&self) {

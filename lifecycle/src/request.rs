@@ -219,7 +219,7 @@ where
         let http2 = request.version() == Version::HTTP_2;
         if let Some(conn) = &self.conn {
             conn.observe(request.version());
-            if http2 && self.shutdown.is_triggered() {
+            if http2 && conn.should_close(self.shutdown.is_triggered()) {
                 conn.goaway.cancel();
             }
         }
@@ -285,7 +285,11 @@ where
         if let Some(BusyGuard(conn)) = busy.as_ref().filter(|_| *this.http2) {
             conn.answer_ready();
         }
-        if shutting_down && !*this.http2 {
+        let close = match &busy {
+            Some(BusyGuard(conn)) => conn.should_close(shutting_down),
+            None => shutting_down,
+        };
+        if close && !*this.http2 {
             response
                 .headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
@@ -423,7 +427,7 @@ mod tests {
     fn a_token_made_late_still_follows_the_deadline() {
         let shutdown = crate::Shutdown::new();
         let watch = shutdown.watch();
-        let conn = Arc::new(ConnState::new(watch.metrics()));
+        let conn = Arc::new(ConnState::new(watch.metrics(), true));
         let scope = |conn: &Arc<ConnState>| LazyToken {
             parent: Some((watch.clone(), Arc::downgrade(conn))),
             token: OnceLock::new(),
@@ -509,7 +513,7 @@ mod tests {
 
         let shutdown = crate::Shutdown::new();
         let watch = shutdown.watch();
-        let conn = Arc::new(ConnState::new(watch.metrics()));
+        let conn = Arc::new(ConnState::new(watch.metrics(), true));
         conn.observe(Version::HTTP_2);
         let answer = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) };
         let scoped =

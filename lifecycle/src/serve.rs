@@ -134,8 +134,8 @@ where
         requests_drained: counts.requests_drained,
         requests_aborted: counts.requests_aborted,
         requests_abandoned: abandoned.requests,
-        closed_by_client: counts.connections_closed[ClosedBy::Client as usize].1,
-        closed_by_server: counts.connections_closed[ClosedBy::Server as usize].1,
+        closed_by_client: counts.closed_by(ClosedBy::Client),
+        closed_by_server: counts.closed_by(ClosedBy::Server),
         connections_abandoned: abandoned.connections,
     }
 }

@@ -16,6 +16,8 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tokio_util::task::TaskTracker;
 
@@ -86,7 +88,7 @@ struct Timeline {
     /// Why shutdown started, and the shortest lame-duck period it asks for
     /// whatever the configured drain delay (an in-place upgrade asks for
     /// one); set once, by the first trigger.
-    reason: OnceLock<(String, Duration)>,
+    reason: OnceLock<(String, Duration, Instant)>,
     /// Tracks every connection task and every piece of request work spawned
     /// through a `RequestScope`; the drain waits on it.
     tracker: TaskTracker,
@@ -178,7 +180,8 @@ impl Timeline {
     }
 
     fn trigger(&self, reason: String, lame_duck: Duration) -> bool {
-        if self.reason.set((reason.clone(), lame_duck)).is_err() {
+        let now = Instant::now();
+        if self.reason.set((reason.clone(), lame_duck, now)).is_err() {
             return false;
         }
         tracing::info!(target: LOG_TARGET, %reason, "shutdown started: readiness is now false");
@@ -292,7 +295,7 @@ impl Watch {
         self.timeline
             .reason
             .get()
-            .map(|(reason, _)| reason.as_str())
+            .map(|(reason, _, _)| reason.as_str())
     }
 
     /// Why shutdown was forced, if it was.
@@ -321,7 +324,12 @@ impl Watch {
         self.timeline
             .reason
             .get()
-            .map_or(Duration::ZERO, |(_, d)| *d)
+            .map_or(Duration::ZERO, |(_, d, _)| *d)
+    }
+
+    /// When shutdown started, if it has.
+    pub(crate) fn triggered_at(&self) -> Option<Instant> {
+        self.timeline.reason.get().map(|(_, _, at)| *at)
     }
 
     /// A new cancellation token for one request: it fires at the shutdown

@@ -3,15 +3,22 @@
 //! whole transition table. The connection task in `serve` only selects the
 //! events its stage listens for and applies the table.
 
+use crate::metrics::CloseReason;
+
 /// Where one connection stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Stage {
     /// Serving. An HTTP/1 connection stays here through the lame duck: its
     /// next response says `Connection: close`, nothing to do at the signal.
     Serving,
-    /// Signalled; an HTTP/2 (or undecided) connection waiting to be told to
-    /// go away with its first request's GOAWAY.
+    /// Signalled, or told to close before it carried a request: waiting for
+    /// its first request to answer with `Connection: close` or GOAWAY.
     LameDuck,
+    /// Told to close (drain spread or age) while an HTTP/1 request was in
+    /// flight: the next response says `Connection: close`, and hyper closes
+    /// after it; if that response was already on its way, the connection
+    /// is closed once it has settled idle.
+    Telling,
     /// The drain began before the connection carried a request: it may still
     /// deliver its first one (hyper would drop it while detecting the
     /// protocol, failing a request already on its way).
@@ -24,8 +31,11 @@ pub(crate) enum Stage {
 /// What the connection task saw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Event {
-    /// Shutdown started.
+    /// Shutdown started (an immediate drain).
     Triggered,
+    /// The connection's own moment came: its place in the drain spread, or
+    /// its age. Its reason is recorded on the connection.
+    Due,
     /// A request arrived on an HTTP/2 connection during the lame duck.
     GoAway,
     /// The listener closed: the drain started.
@@ -43,6 +53,8 @@ pub(crate) struct Facts {
     pub(crate) http2: bool,
     /// It has carried a request.
     pub(crate) served: bool,
+    /// A request is in flight.
+    pub(crate) busy: bool,
 }
 
 impl Stage {
@@ -52,11 +64,14 @@ impl Stage {
         match (self, event) {
             (Serving, Triggered) if facts.http2 && facts.served => Closing,
             (Serving, Triggered) => LameDuck,
+            (Serving, Due) if !facts.served => LameDuck,
+            (Serving, Due) if facts.http2 || !facts.busy => Closing,
+            (Serving, Due) => Telling,
             (LameDuck, GoAway) => Closing,
-            (Serving | LameDuck, Draining) if facts.served => Closing,
+            (Serving | LameDuck | Telling, Draining) if facts.served => Closing,
             (Serving | LameDuck, Draining) => AwaitingFirst,
             (AwaitingFirst, FirstRequestDue) => Closing,
-            (Serving | LameDuck | AwaitingFirst, Idle) => Closing,
+            (Serving | LameDuck | AwaitingFirst | Telling, Idle) => Closing,
             (stage, _) => stage,
         }
     }
@@ -69,10 +84,20 @@ impl Stage {
         use {Event::*, Stage::*};
         match event {
             Triggered => self == Serving && !http1,
+            Due => self == Serving,
             GoAway => self == LameDuck,
-            Draining => matches!(self, Serving | LameDuck),
+            Draining => matches!(self, Serving | LameDuck | Telling),
             FirstRequestDue => self == AwaitingFirst,
             Idle => self != Closing,
+        }
+    }
+
+    /// Why the server closes a connection when `event` takes it to
+    /// `Closing`, unless it had a reason already.
+    pub(crate) fn reason(event: Event) -> CloseReason {
+        match event {
+            Event::Idle => CloseReason::Idle,
+            _ => CloseReason::Drain,
         }
     }
 
@@ -90,14 +115,18 @@ mod tests {
     const FRESH: Facts = Facts {
         http2: false,
         served: false,
+        busy: false,
     };
     const H1: Facts = Facts {
         http2: false,
         served: true,
+        busy: false,
     };
+    const H1_BUSY: Facts = Facts { busy: true, ..H1 };
     const H2: Facts = Facts {
         http2: true,
         served: true,
+        busy: true,
     };
 
     #[test]
@@ -125,19 +154,34 @@ mod tests {
 
     #[test]
     fn closing_is_final_and_only_it_stops_listening_for_idleness() {
-        for event in [Triggered, GoAway, Draining, FirstRequestDue, Idle] {
+        for event in [Triggered, Due, GoAway, Draining, FirstRequestDue, Idle] {
             assert_eq!(Closing.next(event, H2), Closing);
             assert!(!Closing.listens(event, false));
         }
-        for stage in [Serving, LameDuck, AwaitingFirst] {
+        for stage in [Serving, LameDuck, AwaitingFirst, Telling] {
             assert_eq!(stage.next(Idle, H1), Closing);
         }
     }
 
     #[test]
+    fn a_connection_whose_moment_came_closes_now_unless_a_response_can_say_so() {
+        // Idle HTTP/1 and any HTTP/2 (GOAWAY lets its streams finish): now.
+        assert_eq!(Serving.next(Due, H1), Closing);
+        assert_eq!(Serving.next(Due, H2), Closing);
+        // A busy HTTP/1 one: its next response says `Connection: close`.
+        assert_eq!(Serving.next(Due, H1_BUSY), Telling);
+        assert!(Telling.listens(Idle, true) && Telling.listens(Draining, true));
+        assert_eq!(Telling.next(Idle, H1), Closing);
+        assert_eq!(Telling.next(Draining, H1_BUSY), Closing);
+        // One that never carried a request answers its first with it.
+        assert_eq!(Serving.next(Due, FRESH), LameDuck);
+        assert!(!LameDuck.listens(Due, false) && !Telling.listens(Due, true));
+    }
+
+    #[test]
     fn abandonment_is_watched_only_once_the_timeline_reached_the_connection() {
         assert!(!Serving.watches_abandon());
-        assert!([LameDuck, AwaitingFirst, Closing]
+        assert!([LameDuck, AwaitingFirst, Telling, Closing]
             .iter()
             .all(|s| s.watches_abandon()));
     }

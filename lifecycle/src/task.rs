@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::fmt::Debug;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -17,14 +17,15 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::timeout;
+use tokio::time::{timeout, Instant};
 use tokio_util::task::TaskTracker;
 use tracing::debug;
 
 use crate::config::{ServeConfig, FIRST_REQUEST_GRACE, GOAWAY_GRACE};
 use crate::connection::{observed, ConnState, Overdue};
-use crate::metrics::{ClosedBy, LifecycleMetrics, Protocol};
+use crate::metrics::{CloseReason, LifecycleMetrics, Protocol};
 use crate::request::Scoped;
+use crate::rotation::Plan;
 use crate::stage::{Event, Stage};
 use crate::woken::WhenWoken;
 use crate::{BoxError, Watch};
@@ -72,9 +73,9 @@ struct Shared {
     builder: auto::Builder<TrackedExecutor>,
     /// One permit per open connection.
     limit: Arc<Semaphore>,
-    idle_timeout: Duration,
-    header_read_timeout: Duration,
-    send_timeout: Duration,
+    /// Connections accepted so far: the next one's number in its draws.
+    accepted: AtomicU64,
+    config: ServeConfig,
 }
 
 impl<S: HttpService> Connections<S> {
@@ -94,9 +95,8 @@ impl<S: HttpService> Connections<S> {
         let shared = Shared {
             builder,
             limit: Arc::new(Semaphore::new(config.max_connections)),
-            idle_timeout: config.idle_timeout,
-            header_read_timeout: config.header_read_timeout,
-            send_timeout: config.send_timeout,
+            accepted: AtomicU64::new(0),
+            config: *config,
         };
         Connections {
             shared: Arc::new(shared),
@@ -125,20 +125,24 @@ impl<S: HttpService> Connections<S> {
         Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         A: Debug + Send + Sync + 'static,
     {
-        let conn = Arc::new(ConnState::new(self.metrics()));
+        let number = self.shared.accepted.fetch_add(1, Ordering::Relaxed);
+        let plan = Plan::new(&self.shared.config, number);
+        self.metrics().connection_accepted();
+        let conn = Arc::new(ConnState::new(self.metrics(), plan.spread.is_none()));
         let io = observed(io, Arc::clone(&conn));
         // Boxed: the connection's future is 3 KiB, and a task copies its
         // whole stage when its future ends and when its output is taken.
-        let run = self.clone().run(io, conn, peer, permit);
+        let run = self.clone().run(io, conn, plan, peer, permit);
         self.shutdown.tracker().spawn(Box::pin(run));
     }
 
     /// Serves the connection through its stages, holding its permit until
-    /// it closes, and counts who ended it.
+    /// it closes, and counts why it ended.
     async fn run<Io, A>(
         self,
         io: Io,
         conn: Arc<ConnState>,
+        plan: Plan,
         peer: A,
         _permit: Option<OwnedSemaphorePermit>,
     ) where
@@ -156,35 +160,59 @@ impl<S: HttpService> Connections<S> {
         // Armed when first polled: the grace counts from the drain.
         let mut first_request_due =
             pin!(async { timeout(FIRST_REQUEST_GRACE, conn.first_request.cancelled()).await });
-        let mut idle = pin!(conn.idle_for(self.shared.idle_timeout));
-        let (head, send) = (self.shared.header_read_timeout, self.shared.send_timeout);
-        let mut overdue = pin!(conn.overdue(head, send));
+        let config = &self.shared.config;
+        let mut idle = pin!(conn.idle_for(config.idle_timeout));
+        let mut overdue = pin!(conn.overdue(config.header_read_timeout, config.send_timeout));
         let mut lingered = pin!(conn.idle_for(GOAWAY_GRACE));
+        let mut settled = pin!(conn.idle_for(SETTLE));
+        let mut spread_due = pin!(spread_due(shutdown, &plan, config.drain_delay));
+        let age = plan
+            .age
+            .map(|(age, grace)| (conn.at_age(age), conn.at_age(age + grace)));
+        let mut aged = pin!(at(age.map(|(aged, _)| aged)));
+        let mut grace_over = pin!(at(age.map(|(_, over)| over)));
         let mut stage = Stage::Serving;
         let (state, peer) = (&*conn, &peer);
         // The timeline's events and the deadlines: polled only when one of
         // them woke the task, not at every request the connection wakes it for.
         let when_woken = WhenWoken::new();
-        let closed_by = loop {
+        let gradual = plan.spread.is_some();
+        let closed = loop {
             let http1 = conn.protocol() == Protocol::Http1;
             let listens = move |event| stage.listens(event, http1);
             let (first_request_due, idle) = (first_request_due.as_mut(), idle.as_mut());
             let (overdue, lingered) = (overdue.as_mut(), lingered.as_mut());
+            let (settled, spread_due) = (settled.as_mut(), spread_due.as_mut());
+            let (aged, grace_over) = (aged.as_mut(), grace_over.as_mut());
+            let told_for_age = state.told() == Some(CloseReason::Age);
             let mut others = pin!(async move {
                 tokio::select! {
                     biased;
-                    () = shutdown.abandoned(), if stage.watches_abandon() => Err(ClosedBy::Abandoned),
-                    () = shutdown.triggered(), if listens(Event::Triggered) => Ok(Event::Triggered),
+                    () = shutdown.abandoned(), if stage.watches_abandon() => Err(CloseReason::Abandoned),
+                    () = shutdown.triggered(), if !gradual && listens(Event::Triggered) => Ok(Event::Triggered),
+                    () = spread_due, if gradual && listens(Event::Due) => {
+                        state.tell(CloseReason::Drain);
+                        Ok(Event::Due)
+                    }
+                    () = aged, if listens(Event::Due) => {
+                        state.tell(CloseReason::Age);
+                        Ok(Event::Due)
+                    }
                     () = state.goaway.cancelled(), if listens(Event::GoAway) => Ok(Event::GoAway),
                     () = shutdown.draining(), if listens(Event::Draining) => Ok(Event::Draining),
                     _ = first_request_due, if listens(Event::FirstRequestDue) => Ok(Event::FirstRequestDue),
                     () = idle, if listens(Event::Idle) => Ok(Event::Idle),
-                    overdue = overdue => Err(closing(peer, match overdue {
+                    () = settled, if stage == Stage::Telling => Ok(Event::Idle),
+                    overdue = overdue => Err(closing(peer, CloseReason::Timeout, match overdue {
                         Overdue::Head => "request head not received in time; closing",
                         Overdue::Answers => "answers not taken in time; closing",
                     })),
+                    () = grace_over, if told_for_age && stage != Stage::Serving => {
+                        Err(closing(peer, CloseReason::Grace, "past its age and its grace; dropping it with what it has in flight"))
+                    }
                     () = lingered, if stage == Stage::Closing => {
-                        Err(closing(peer, "asked to close but still open; dropping it"))
+                        let why = state.told().unwrap_or(CloseReason::Drain);
+                        Err(closing(peer, why, "asked to close but still open; dropping it"))
                     }
                 }
             });
@@ -198,27 +226,55 @@ impl<S: HttpService> Connections<S> {
                         debug!(?peer, %error, "connection ended with an error");
                     }
                     let asked = stage == Stage::Closing || conn.close_sent.load(Ordering::Acquire);
-                    break if asked { ClosedBy::Server } else { ClosedBy::Client };
+                    break match conn.told() {
+                        Some(why) if asked => why,
+                        None if asked => CloseReason::Drain,
+                        _ => CloseReason::Client,
+                    };
                 }
                 next = poll_fn(|cx| when_woken.poll(others.as_mut(), cx)) => match next {
                     Ok(event) => event,
-                    Err(closed_by) => break closed_by,
+                    Err(why) => break why,
                 },
             };
             let next = stage.next(event, conn.facts());
             if next == Stage::Closing && stage != Stage::Closing {
+                conn.tell(Stage::reason(event));
                 connection.as_mut().graceful_shutdown();
             }
             stage = next;
         };
-        shutdown.metrics().connection_closed(closed_by);
+        shutdown.metrics().connection_closed(closed);
+    }
+}
+
+/// How long a connection told to close while a response was already on its
+/// way (HTTP/1) stays open once idle: any request it carries meanwhile is
+/// answered with `Connection: close`.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// Resolves at the connection's moment in the drain spread: the signal,
+/// plus its drawn fraction of the lame duck (`drain_delay`, or longer if the
+/// trigger asked for it).
+async fn spread_due(shutdown: &Watch, plan: &Plan, drain_delay: Duration) {
+    shutdown.triggered().await;
+    let signalled = shutdown.triggered_at().unwrap_or_else(Instant::now);
+    let window = drain_delay.max(shutdown.min_lame_duck());
+    tokio::time::sleep_until(signalled + plan.told_after(window)).await;
+}
+
+/// Resolves at `instant`, or never.
+async fn at(instant: Option<Instant>) {
+    match instant {
+        Some(instant) => tokio::time::sleep_until(instant).await,
+        None => std::future::pending().await,
     }
 }
 
 /// Logs why the server closes a connection.
-fn closing(peer: &impl Debug, why: &'static str) -> ClosedBy {
-    debug!(?peer, "{why}");
-    ClosedBy::Server
+fn closing(peer: &impl Debug, why: CloseReason, what: &'static str) -> CloseReason {
+    debug!(?peer, "{what}");
+    why
 }
 
 /// Polls `connection`, except that an HTTP/2 connection whose streams are
@@ -312,7 +368,7 @@ pub(crate) mod tests {
     }
 
     fn conn(version: Version) -> Arc<ConnState> {
-        let conn = ConnState::new(&LifecycleMetrics::default());
+        let conn = ConnState::new(&LifecycleMetrics::default(), true);
         conn.observe(version);
         Arc::new(conn)
     }

@@ -12,7 +12,8 @@ use hyper::body::Bytes;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use lameduck_lifecycle::{
-    serve, DrainOutcome, DrainReport, Force, RequestScope, ServeConfig, Shutdown, Trigger, Watch,
+    serve, DrainOutcome, DrainReport, DrainSpread, Force, RequestScope, ServeConfig, Shutdown,
+    Trigger, Watch,
 };
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Notify};
@@ -376,6 +377,7 @@ async fn during_the_drain_delay_new_connections_are_served_and_told_to_close() {
     let harness = start(ServeConfig {
         drain_delay: Duration::from_secs(5),
         shutdown_timeout: LONG,
+        drain_spread: DrainSpread::Immediate,
         ..ServeConfig::default()
     })
     .await;
@@ -411,6 +413,7 @@ async fn a_request_answered_during_the_lame_duck_is_told_to_close() {
     let mut harness = start(ServeConfig {
         drain_delay: Duration::from_secs(5),
         shutdown_timeout: LONG,
+        drain_spread: DrainSpread::Immediate,
         ..ServeConfig::default()
     })
     .await;

@@ -1,5 +1,6 @@
 //! The lifecycle's counters as Prometheus series: read at scrape time from
 //! the lifecycle's [`Snapshot`] (`lameduck_connections_open{protocol}`,
+//! `lameduck_connections_closed_total{by,reason}`,
 //! `lameduck_requests_in_flight`, `lameduck_shutdown_phase{phase}`…).
 
 use prometheus_client::collector::Collector;
@@ -9,7 +10,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use lameduck_lifecycle::metrics::{LifecycleMetrics, Snapshot};
+use lameduck_lifecycle::metrics::{ClosedBy, LifecycleMetrics, Snapshot};
 use lameduck_lifecycle::Phase;
 
 /// Exports [`LifecycleMetrics`] to a Prometheus registry.
@@ -62,12 +63,30 @@ impl Collector for LifecycleCollector {
             s.connections_open
                 .map(|(p, n)| (p.as_str(), ConstGauge::new(n))),
         )?;
-        labelled(
+        single(
             e,
-            ("connections_closed", "Closed connections by who ended them: client, server (asked to close) or abandoned", Counter),
-            "by",
-            s.connections_closed.map(|(by, n)| (by.as_str(), ConstCounter::new(n))),
+            (
+                "connections_accepted",
+                "Connections accepted on the service's listeners",
+                Counter,
+            ),
+            ConstCounter::new(s.connections_accepted),
         )?;
+        let mut closed = e.encode_descriptor(
+            "connections_closed",
+            "Closed connections by who ended them (client or server) and why: client, drain, age, idle, timeout, grace (past its age's grace) or abandoned",
+            None,
+            Counter,
+        )?;
+        for (why, n) in s.connections_closed {
+            let by = if why.by() == ClosedBy::Client {
+                "client"
+            } else {
+                "server"
+            };
+            let labels = [("by", by), ("reason", why.as_str())];
+            ConstCounter::new(n).encode(closed.encode_family(&labels)?)?;
+        }
         single(
             e,
             (

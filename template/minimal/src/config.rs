@@ -138,6 +138,8 @@ impl ServerConfig {
             idle_timeout: self.idle_timeout,
             h2_max_concurrent_streams: self.h2_max_concurrent_streams,
             send_timeout: self.send_timeout,
+            // The gradual drain spread; no connection age limit.
+            ..ServeConfig::default()
         }
     }
 }

@@ -238,13 +238,15 @@ fn idle_keepalive_connections_are_closed_by_the_server_at_drain_start() {
     assert_eq!(summary["exit_code"].as_u64(), Some(0), "{summary}");
 }
 
-// Gap: the lame-duck period as a load balancer and a client see it:
-// readiness fails at once while the server still accepts and serves, every
-// answer says `Connection: close`, and a keep-alive connection opened before
-// the signal is not cut but gets one more answer, then closes.
+// Gap: the lame-duck period as a load balancer and a client see it, with an
+// immediate drain: readiness fails at once while the server still accepts
+// and serves, every answer says `Connection: close`, and a keep-alive
+// connection opened before the signal is not cut but gets one more answer,
+// then closes. (The gradual drain's spread: `tests/rotation.rs`.)
 #[test]
 fn readyz_is_503_during_the_drain_delay_while_other_requests_get_connection_close() {
-    let mut server = LameduckProcess::start(&["--drain-delay", "2s"], &[]);
+    let mut server =
+        LameduckProcess::start(&["--drain-delay", "2s", "--drain-spread", "immediate"], &[]);
     let addr = server.addr();
     let mut before = connect(addr);
     let ready = get(&mut before, "/readyz").expect("GET /readyz");

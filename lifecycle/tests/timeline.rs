@@ -11,9 +11,10 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use lameduck_lifecycle::metrics::CloseReason;
 use lameduck_lifecycle::{
-    serve, DrainOutcome, DrainReport, DrainSpread, Force, RequestScope, ServeConfig, Shutdown,
-    Trigger, Watch,
+    draw, serve, DrainOutcome, DrainReport, DrainSpread, Draw, Force, RequestScope, ServeConfig,
+    Shutdown, Trigger, Watch,
 };
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Notify};
@@ -519,4 +520,200 @@ async fn force_abandons_inflight_work_at_once() {
         response.await.expect("join").is_err(),
         "the held request was dropped"
     );
+}
+
+/// Seed of the connections' draws in the tests below: with it, each
+/// connection's moment is known in advance.
+const SEED: u64 = 45;
+
+/// `n` HTTP/1.1 connections, each served once before the next opens, so
+/// that the server numbers them 0 to n - 1 in its draws.
+async fn numbered(addr: std::net::SocketAddr, n: usize) -> Vec<Sender> {
+    let mut connections = Vec::new();
+    for _ in 0..n {
+        let mut connection = connect(addr).await;
+        let response = connection.send_request(get_request("/ok")).await;
+        assert_eq!(response.expect("first request").status(), StatusCode::OK);
+        connections.push(connection);
+    }
+    connections
+}
+
+/// Whether the server has closed `connection`; if not, it is still served
+/// without being asked to close.
+async fn closed_by_server(connection: &mut Sender) -> bool {
+    if std::future::poll_fn(|cx| connection.poll_ready(cx))
+        .await
+        .is_err()
+    {
+        return true;
+    }
+    let response = connection.send_request(get_request("/ok")).await;
+    let response = response.expect("an open connection serves");
+    assert!(response.headers().get("connection").is_none());
+    false
+}
+
+/// Steps through `span` in `steps`, checking at each that exactly the
+/// connections whose moment (`dues`, from `start`) has come are closed.
+async fn check_closed_at_their_moments(
+    connections: &mut [Sender],
+    dues: &[Duration],
+    start: tokio::time::Instant,
+    span: Duration,
+    steps: u32,
+) -> Vec<usize> {
+    let mut counts = Vec::new();
+    for step in 1..=steps {
+        let at = start + span * step / steps;
+        tokio::time::sleep_until(at).await;
+        let mut closed = 0;
+        for (n, connection) in connections.iter_mut().enumerate() {
+            let due = start + dues[n] <= at;
+            assert_eq!(
+                closed_by_server(connection).await,
+                due,
+                "connection {n} at {step}/{steps}"
+            );
+            closed += usize::from(due);
+        }
+        counts.push(closed);
+    }
+    counts
+}
+
+// The gradual drain, exactly: each idle keep-alive connection is closed at
+// its own drawn moment of the lame duck (from the seed and its number),
+// none before it, every one by the lame duck's end; a connection whose
+// moment has not come is served without `Connection: close`.
+#[tokio::test(start_paused = true)]
+async fn a_gradual_drain_closes_each_idle_connection_at_its_drawn_moment() {
+    const N: usize = 16;
+    let window = Duration::from_secs(10);
+    let harness = start(ServeConfig {
+        drain_delay: window,
+        shutdown_timeout: LONG,
+        drain_spread: DrainSpread::Gradual,
+        connection_seed: SEED,
+        ..ServeConfig::default()
+    })
+    .await;
+    let mut connections = numbered(harness.addr, N).await;
+    let dues: Vec<Duration> = (0..N as u64)
+        .map(|n| window.mul_f64(draw(SEED, n, Draw::Spread)))
+        .collect();
+
+    let signalled = tokio::time::Instant::now();
+    harness.trigger.trigger("test");
+    let counts =
+        check_closed_at_their_moments(&mut connections, &dues, signalled, window, 20).await;
+    // Few at the start, all by the end, and growing in between.
+    assert!(counts[0] <= 2 && counts[19] == N, "{counts:?}");
+    assert!(counts.windows(2).all(|w| w[0] <= w[1]) && counts[9] > 2 && counts[9] < N - 2);
+
+    let report = harness.serve.await.expect("serve");
+    assert_eq!(report.outcome, DrainOutcome::Clean);
+    assert_eq!(report.closed_by_server, N as u64);
+    let snapshot = harness.watch.metrics().snapshot();
+    assert_eq!(snapshot.closed_for(CloseReason::Drain), N as u64);
+}
+
+// A connection busy when its moment comes is not cut: the answer in flight
+// says `Connection: close` (HTTP/1), and the connection then closes. An
+// HTTP/2 connection gets its GOAWAY at its moment and no earlier: a new
+// stream before it is served, the one in flight finishes after it.
+#[tokio::test(start_paused = true)]
+async fn a_connection_busy_at_its_moment_finishes_its_request_and_is_told_to_close() {
+    let window = Duration::from_secs(10);
+    let mut harness = start(ServeConfig {
+        drain_delay: window,
+        shutdown_timeout: LONG,
+        drain_spread: DrainSpread::Gradual,
+        connection_seed: SEED,
+        ..ServeConfig::default()
+    })
+    .await;
+    let mut http1 = numbered(harness.addr, 1).await.remove(0);
+    let stream = TcpStream::connect(harness.addr).await.expect("connect");
+    let (mut http2, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(connection);
+    let first = http2.send_request(get_request("/ok")).await.expect("h2");
+    assert_eq!(first.status(), StatusCode::OK);
+    let due = |n| window.mul_f64(draw(SEED, n, Draw::Spread));
+    let (http1_due, http2_due) = (due(0), due(1));
+
+    let held = tokio::spawn(http1.send_request(get_request("/hold")));
+    assert_eq!(harness.entered.recv().await, Some("hold"));
+    let signalled = tokio::time::Instant::now();
+    harness.trigger.trigger("test");
+
+    // HTTP/2, just before its moment: served; just after: no new stream.
+    tokio::time::sleep_until(signalled + http2_due - Duration::from_millis(1)).await;
+    let before = http2.send_request(get_request("/ok")).await;
+    assert_eq!(before.expect("before its moment").status(), StatusCode::OK);
+    tokio::time::sleep_until(signalled + http2_due + Duration::from_millis(1)).await;
+    let after = http2.send_request(get_request("/ok")).await;
+    assert!(after.is_err(), "a new stream after GOAWAY: {after:?}");
+
+    // HTTP/1, past its moment: the held answer says close.
+    tokio::time::sleep_until(signalled + http1_due.max(http2_due) + Duration::from_millis(1)).await;
+    harness.release.notify_one();
+    let response = held.await.expect("join").expect("the held request");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["connection"], "close");
+    assert_eq!(harness.watch.phase(), lameduck_lifecycle::Phase::LameDuck);
+    let report = harness.serve.await.expect("serve");
+    assert_eq!(
+        (report.outcome, report.closed_by_server),
+        (DrainOutcome::Clean, 2)
+    );
+}
+
+// The connection age, exactly: each idle connection is closed at its own
+// age, drawn within ±20 % of the limit, and none before; a stream longer
+// than the age runs on through the grace, then is dropped and counted.
+#[tokio::test(start_paused = true)]
+async fn connections_close_at_their_drawn_age_and_a_stream_at_the_end_of_its_grace() {
+    const N: usize = 8;
+    let age = Duration::from_secs(10);
+    let grace = Duration::from_secs(5);
+    let harness = start(ServeConfig {
+        shutdown_timeout: LONG,
+        idle_timeout: LONG,
+        max_connection_age: Some(age),
+        max_connection_age_jitter: 0.2,
+        max_connection_age_grace: grace,
+        connection_seed: SEED,
+        ..ServeConfig::default()
+    })
+    .await;
+    let opened = tokio::time::Instant::now();
+    let mut connections = numbered(harness.addr, N).await;
+    let mut streaming = connect(harness.addr).await;
+    let endless = streaming.send_request(get_request("/endless")).await;
+    let _body = endless.expect("the stream's head").into_body();
+    let ages: Vec<Duration> = (0..=N as u64)
+        .map(|n| age.mul_f64(1.0 + 0.2 * (2.0 * draw(SEED, n, Draw::Age) - 1.0)))
+        .collect();
+    assert!(ages
+        .iter()
+        .all(|a| *a >= age * 8 / 10 && *a < age * 12 / 10));
+
+    let counts =
+        check_closed_at_their_moments(&mut connections, &ages, opened, age * 12 / 10, 24).await;
+    assert_eq!((counts[0], counts[23]), (0, N), "{counts:?}");
+
+    // The stream (connection N) outlives its age and stays until its grace.
+    let over = opened + ages[N] + grace;
+    tokio::time::sleep_until(over - Duration::from_millis(1)).await;
+    let metrics = harness.watch.metrics();
+    assert_eq!(metrics.snapshot().closed_for(CloseReason::Grace), 0);
+    tokio::time::sleep_until(over + Duration::from_millis(1)).await;
+    let snapshot = metrics.snapshot();
+    assert_eq!(snapshot.closed_for(CloseReason::Grace), 1);
+    assert_eq!(snapshot.closed_for(CloseReason::Age), N as u64);
+    assert_eq!(metrics.open_connections(), 0);
 }

@@ -37,6 +37,12 @@ pub enum DrainSpread {
     Immediate,
 }
 
+/// How long an idle HTTP/1 connection told to close (its moment in the drain
+/// spread, its age) stays open before the server closes it: a request its
+/// client sends meanwhile is answered with `Connection: close`. Closing it
+/// at once would race a request already on its way, and fail it.
+pub const SETTLE: Duration = Duration::from_millis(100);
+
 /// How connections are served and how the server shuts down; every field
 /// is an operator's choice (see `ServerConfig` for the flags).
 #[derive(Clone, Copy, Debug)]

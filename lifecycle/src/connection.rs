@@ -131,7 +131,6 @@ impl ConnState {
         Facts {
             http2: self.protocol() == Protocol::Http2,
             served: self.first_request.is_cancelled(),
-            busy: self.busy() > 0,
         }
     }
 

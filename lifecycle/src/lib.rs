@@ -18,7 +18,7 @@ mod workers;
 
 pub use admin::ADMIN_CLOSE_GRACE;
 pub use config::{
-    DrainSpread, ServeConfig, ACCEPT_ERROR_BACKOFF, FIRST_REQUEST_GRACE, GOAWAY_GRACE,
+    DrainSpread, ServeConfig, ACCEPT_ERROR_BACKOFF, FIRST_REQUEST_GRACE, GOAWAY_GRACE, SETTLE,
 };
 pub use listener::Listener;
 pub use metrics::LifecycleMetrics;

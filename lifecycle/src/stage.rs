@@ -14,10 +14,11 @@ pub(crate) enum Stage {
     /// Signalled, or told to close before it carried a request: waiting for
     /// its first request to answer with `Connection: close` or GOAWAY.
     LameDuck,
-    /// Told to close (drain spread or age) while an HTTP/1 request was in
-    /// flight: the next response says `Connection: close`, and hyper closes
-    /// after it; if that response was already on its way, the connection
-    /// is closed once it has settled idle.
+    /// An HTTP/1 connection told to close (drain spread or age): its next
+    /// response says `Connection: close`, and hyper closes it after that;
+    /// if none comes, it is closed once it has been idle a moment. Closing
+    /// an idle keep-alive connection at once would race the request its
+    /// client may be sending on it right then, and fail that request.
     Telling,
     /// The drain began before the connection carried a request: it may still
     /// deliver its first one (hyper would drop it while detecting the
@@ -53,8 +54,6 @@ pub(crate) struct Facts {
     pub(crate) http2: bool,
     /// It has carried a request.
     pub(crate) served: bool,
-    /// A request is in flight.
-    pub(crate) busy: bool,
 }
 
 impl Stage {
@@ -65,7 +64,7 @@ impl Stage {
             (Serving, Triggered) if facts.http2 && facts.served => Closing,
             (Serving, Triggered) => LameDuck,
             (Serving, Due) if !facts.served => LameDuck,
-            (Serving, Due) if facts.http2 || !facts.busy => Closing,
+            (Serving, Due) if facts.http2 => Closing,
             (Serving, Due) => Telling,
             (LameDuck, GoAway) => Closing,
             (Serving | LameDuck | Telling, Draining) if facts.served => Closing,
@@ -115,18 +114,14 @@ mod tests {
     const FRESH: Facts = Facts {
         http2: false,
         served: false,
-        busy: false,
     };
     const H1: Facts = Facts {
         http2: false,
         served: true,
-        busy: false,
     };
-    const H1_BUSY: Facts = Facts { busy: true, ..H1 };
     const H2: Facts = Facts {
         http2: true,
         served: true,
-        busy: true,
     };
 
     #[test]
@@ -164,15 +159,15 @@ mod tests {
     }
 
     #[test]
-    fn a_connection_whose_moment_came_closes_now_unless_a_response_can_say_so() {
-        // Idle HTTP/1 and any HTTP/2 (GOAWAY lets its streams finish): now.
-        assert_eq!(Serving.next(Due, H1), Closing);
+    fn a_connection_whose_moment_came_is_told_by_goaway_or_its_next_answer() {
+        // HTTP/2: GOAWAY now, its streams finish.
         assert_eq!(Serving.next(Due, H2), Closing);
-        // A busy HTTP/1 one: its next response says `Connection: close`.
-        assert_eq!(Serving.next(Due, H1_BUSY), Telling);
+        // HTTP/1: its next response says `Connection: close`; or it is
+        // closed once idle a moment, or at the drain.
+        assert_eq!(Serving.next(Due, H1), Telling);
         assert!(Telling.listens(Idle, true) && Telling.listens(Draining, true));
         assert_eq!(Telling.next(Idle, H1), Closing);
-        assert_eq!(Telling.next(Draining, H1_BUSY), Closing);
+        assert_eq!(Telling.next(Draining, H1), Closing);
         // One that never carried a request answers its first with it.
         assert_eq!(Serving.next(Due, FRESH), LameDuck);
         assert!(!LameDuck.listens(Due, false) && !Telling.listens(Due, true));

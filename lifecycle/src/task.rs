@@ -21,7 +21,7 @@ use tokio::time::{timeout, Instant};
 use tokio_util::task::TaskTracker;
 use tracing::debug;
 
-use crate::config::{ServeConfig, FIRST_REQUEST_GRACE, GOAWAY_GRACE};
+use crate::config::{ServeConfig, FIRST_REQUEST_GRACE, GOAWAY_GRACE, SETTLE};
 use crate::connection::{observed, ConnState, Overdue};
 use crate::metrics::{CloseReason, LifecycleMetrics, Protocol};
 use crate::request::Scoped;
@@ -247,11 +247,6 @@ impl<S: HttpService> Connections<S> {
         shutdown.metrics().connection_closed(closed);
     }
 }
-
-/// How long a connection told to close while a response was already on its
-/// way (HTTP/1) stays open once idle: any request it carries meanwhile is
-/// answered with `Connection: close`.
-const SETTLE: Duration = Duration::from_millis(100);
 
 /// Resolves at the connection's moment in the drain spread: the signal,
 /// plus its drawn fraction of the lame duck (`drain_delay`, or longer if the

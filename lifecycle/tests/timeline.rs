@@ -14,7 +14,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use lameduck_lifecycle::metrics::CloseReason;
 use lameduck_lifecycle::{
     draw, serve, DrainOutcome, DrainReport, DrainSpread, Draw, Force, RequestScope, ServeConfig,
-    Shutdown, Trigger, Watch,
+    Shutdown, Trigger, Watch, SETTLE,
 };
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Notify};
@@ -539,23 +539,37 @@ async fn numbered(addr: std::net::SocketAddr, n: usize) -> Vec<Sender> {
     connections
 }
 
-/// Whether the server has closed `connection`; if not, it is still served
-/// without being asked to close.
-async fn closed_by_server(connection: &mut Sender) -> bool {
+/// What a connection shows when probed.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    /// Served, not asked to close.
+    Open,
+    /// Served, with `Connection: close`.
+    Told,
+    /// Closed by the server.
+    Closed,
+}
+
+async fn probe(connection: &mut Sender) -> Seen {
     if std::future::poll_fn(|cx| connection.poll_ready(cx))
         .await
         .is_err()
     {
-        return true;
+        return Seen::Closed;
     }
     let response = connection.send_request(get_request("/ok")).await;
     let response = response.expect("an open connection serves");
-    assert!(response.headers().get("connection").is_none());
-    false
+    match response.headers().get("connection") {
+        None => Seen::Open,
+        Some(close) if close == "close" => Seen::Told,
+        Some(other) => panic!("connection: {other:?}"),
+    }
 }
 
-/// Steps through `span` in `steps`, checking at each that exactly the
-/// connections whose moment (`dues`, from `start`) has come are closed.
+/// Steps through `span` in `steps`, checking at each that the connections
+/// whose moment (`dues`, from `start`) has come are told to close — closed
+/// if they have been idle `SETTLE` since — and the others served as usual.
+/// How many had been told at each step.
 async fn check_closed_at_their_moments(
     connections: &mut [Sender],
     dues: &[Duration],
@@ -564,20 +578,30 @@ async fn check_closed_at_their_moments(
     steps: u32,
 ) -> Vec<usize> {
     let mut counts = Vec::new();
+    let mut done = vec![false; connections.len()];
     for step in 1..=steps {
         let at = start + span * step / steps;
         tokio::time::sleep_until(at).await;
-        let mut closed = 0;
         for (n, connection) in connections.iter_mut().enumerate() {
-            let due = start + dues[n] <= at;
+            if done[n] {
+                continue;
+            }
+            let due = start + dues[n];
+            let expected = if at < due {
+                Seen::Open
+            } else if at < due + SETTLE {
+                Seen::Told
+            } else {
+                Seen::Closed
+            };
             assert_eq!(
-                closed_by_server(connection).await,
-                due,
+                probe(connection).await,
+                expected,
                 "connection {n} at {step}/{steps}"
             );
-            closed += usize::from(due);
+            done[n] = expected != Seen::Open;
         }
-        counts.push(closed);
+        counts.push(done.iter().filter(|&&d| d).count());
     }
     counts
 }

@@ -34,10 +34,12 @@ use sqlx::Connection;
 use tempfile::TempDir;
 use tokio::runtime::Runtime;
 
+use lameduck_lifecycle::{draw, Draw};
 use support::binary::{
-    assert_json_error, connect, finish_slow_post_of, fresh_get, get, link_body, metric, metrics,
-    post_json, post_links, read_response, start_slow_post_of, uninterrupted, wait_database,
-    wait_for_eof, wait_metric, LameduckProcess, RawResponse, INTERNALS,
+    assert_json_error, assert_told_in_order, connect, finish_slow_post_of, fresh_get, get,
+    link_body, metric, metrics, post_json, post_links, read_response, start_slow_post_of,
+    uninterrupted, until_told, wait_database, wait_for_eof, wait_metric, LameduckProcess,
+    RawResponse, INTERNALS,
 };
 use support::postgres::{PgCluster, Sql};
 
@@ -1200,6 +1202,7 @@ fn idle_keepalive_connections_are_closed_after_the_idle_timeout() {
         wait_for_eof(&mut busy, IDLE + FEW_SECONDS).expect("EOF"),
         "the connection stayed open after its request"
     );
+    wait_metric(admin, &closed_for("idle"), |n| n >= 3.0);
     server.assert_serving("idle timeouts");
 }
 
@@ -1340,6 +1343,191 @@ fn a_client_that_stops_reading_is_cut_off_at_the_send_timeout() {
     );
     let _ = writing.join().expect("the writer");
     server.assert_serving("a client that stopped reading");
+}
+
+// === connection age ===
+
+/// Seed of the connections' draws: with it, each one's age is known.
+const SEED: u64 = 45;
+
+/// Closed connections counted for `reason`.
+fn closed_for(reason: &str) -> String {
+    format!("lameduck_connections_closed_total{{by=\"server\",reason=\"{reason}\"}}")
+}
+
+// Gap: behind an L4 balancer a keep-alive client stays on the replica it
+// reached first, and a replica added later gets none of it. With
+// `--max-connection-age`, each connection is told to close at its own age,
+// drawn within the jitter: an idle HTTP/1 one is closed, a busy one's next
+// answer says `Connection: close`, an HTTP/2 one gets GOAWAY. None before its
+// age, in the order of their ages, no request failed, each counted.
+#[test]
+fn each_connection_is_told_to_close_at_its_own_age_within_the_jitter() {
+    const N: u64 = 12;
+    let age = Duration::from_secs(2);
+    let mut server = Server::start(&[
+        "--max-connection-age",
+        "2s",
+        "--max-connection-age-jitter",
+        "25",
+        "--connection-seed",
+        &SEED.to_string(),
+    ]);
+    let addr = server.addr();
+    let drawn = |n| age.mul_f64(1.0 + 0.25 * (2.0 * draw(SEED, n, Draw::Age) - 1.0));
+    // Each served before the next opens: the server numbers them 0 to N.
+    let clients: Vec<_> = (0..N)
+        .map(|n| {
+            let opened = Instant::now();
+            let mut stream = connect(addr);
+            let response = get(&mut stream, "/healthz").expect("GET /healthz");
+            assert!(!response.closes_connection(), "{response:?}");
+            let idle = n % 2 == 0;
+            (
+                drawn(n),
+                thread::spawn(move || until_told(stream, idle, opened)),
+            )
+        })
+        .collect();
+    let runtime = runtime();
+    let http2 = runtime.block_on(async {
+        let opened = Instant::now();
+        let mut sender = h2_client(addr).await;
+        let healthz = || {
+            let request = Request::get(format!("http://{addr}/healthz"));
+            request.body(Empty::new().boxed()).expect("request")
+        };
+        assert_eq!(h2_send(&mut sender, healthz()).await.0, 200);
+        // A pool opens a new connection once this one refuses streams.
+        while sender.send_request(healthz()).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (drawn(N), opened.elapsed())
+    });
+    let mut moments: Vec<(Duration, Duration)> = clients
+        .into_iter()
+        .map(|(due, client)| (due, client.join().expect("client")))
+        .collect();
+    moments.push(http2);
+    assert_told_in_order(&moments, Duration::from_millis(300));
+    for (n, &(due, told)) in moments.iter().enumerate() {
+        assert!(
+            told < due + Duration::from_secs(1),
+            "connection {n} due {due:?}, told {told:?}"
+        );
+    }
+    wait_metric(server.admin(), &closed_for("age"), |n| n >= (N + 1) as f64);
+    server.assert_serving("connection ages");
+}
+
+// Gap: a stream (server-sent events) outlives the connection's age until
+// the age's grace, and only then is cut, counted as such; a websocket,
+// handed over from HTTP, is not cut by the age at all.
+#[test]
+fn a_stream_past_its_age_runs_until_the_grace_and_a_websocket_is_not_cut() {
+    let grace = Duration::from_secs(3);
+    let mut server = Server::start(&[
+        "--max-connection-age",
+        "1s",
+        "--max-connection-age-jitter",
+        "0",
+        "--max-connection-age-grace",
+        "3s",
+    ]);
+    let addr = server.addr();
+    let code = support::binary::create_link(addr, "https://example.com/streamed");
+    let runtime = runtime();
+    let (open_for, websocket) = runtime.block_on(async {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio_tungstenite::tungstenite::Message;
+        let (mut socket, _) =
+            tokio_tungstenite::connect_async(format!("ws://{addr}/api/links/{code}/ws"))
+                .await
+                .expect("websocket handshake");
+        let opened = Instant::now();
+        let mut sse = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let head = format!(
+            "GET /api/links/{code}/events HTTP/1.1\r\nhost: t\r\naccept: text/event-stream\r\n\r\n"
+        );
+        sse.write_all(head.as_bytes()).await.expect("request");
+        let mut received = Vec::new();
+        let read = tokio::time::timeout(PATIENCE, sse.read_to_end(&mut received)).await;
+        let open_for = opened.elapsed();
+        assert!(read.is_ok(), "the stream was never cut");
+        let text = String::from_utf8_lossy(&received);
+        assert!(text.contains("event: hits"), "{text}");
+        // The websocket, older than the stream's age and grace, still answers.
+        socket
+            .send(Message::Ping(b"age".to_vec().into()))
+            .await
+            .expect("ping");
+        let pong = tokio::time::timeout(PATIENCE, async {
+            loop {
+                match socket.next().await {
+                    Some(Ok(Message::Text(_))) => continue, // hit counts
+                    other => return format!("{other:?}"),
+                }
+            }
+        });
+        (open_for, pong.await.expect("an answer to the ping"))
+    });
+    assert!(
+        open_for >= Duration::from_secs(1) + grace,
+        "cut after {open_for:?}"
+    );
+    assert!(websocket.contains("Pong"), "{websocket}");
+    wait_metric(server.admin(), &closed_for("grace"), |n| n >= 1.0);
+    server.assert_serving("a stream past its age");
+}
+
+// Gap: ages expiring under load fail no request of a client that honours
+// `Connection: close` and GOAWAY (reqwest's pools, HTTP/1.1 and HTTP/2).
+#[test]
+fn ages_expiring_under_load_fail_no_request() {
+    let mut server = Server::start(&["--max-connection-age", "300ms"]);
+    let addr = server.addr();
+    let runtime = runtime();
+    let (answered, failed) = runtime.block_on(async {
+        let http1 = reqwest::Client::builder().build().expect("client");
+        let http2 = reqwest::Client::builder()
+            .http2_prior_knowledge()
+            .build()
+            .expect("client");
+        let until = Instant::now() + Duration::from_secs(4);
+        let clients = (0..16).map(|i| {
+            let client = if i % 2 == 0 {
+                http1.clone()
+            } else {
+                http2.clone()
+            };
+            tokio::spawn(async move {
+                let (mut answered, mut failed) = (0u64, Vec::new());
+                while Instant::now() < until {
+                    match client.get(format!("http://{addr}/healthz")).send().await {
+                        Ok(response) if response.status() == 200 => answered += 1,
+                        other => failed.push(format!("{other:?}")),
+                    }
+                }
+                (answered, failed)
+            })
+        });
+        let mut total = (0, Vec::new());
+        for client in futures_util::future::join_all(clients).await {
+            let (answered, failed) = client.expect("client");
+            total.0 += answered;
+            total.1.extend(failed);
+        }
+        total
+    });
+    assert!(
+        failed.is_empty(),
+        "{} of {answered} failed: {failed:?}",
+        failed.len()
+    );
+    let aged = wait_metric(server.admin(), &closed_for("age"), |n| n >= 10.0);
+    eprintln!("{answered} answered, {aged} connections closed by their age");
+    server.assert_serving("ages under load");
 }
 
 // === bad input ===

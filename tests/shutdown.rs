@@ -29,9 +29,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 use tokio::task::block_in_place;
 
+use lameduck_lifecycle::{draw, Draw};
 use support::binary::{
-    self, connect, finish_slow_post, get, read_response, send_create, start_slow_post,
-    wait_for_eof, LameduckProcess, LINK, LINK_SPLIT,
+    self, assert_told_in_order, connect, finish_slow_post, get, read_response, send_create,
+    start_slow_post, until_told, wait_for_eof, LameduckProcess, LINK, LINK_SPLIT,
 };
 use support::postgres::PgCluster;
 
@@ -291,6 +292,71 @@ fn readyz_is_503_during_the_drain_delay_while_other_requests_get_connection_clos
         "lame duck lasted {lame_duck:?}"
     );
     assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+}
+
+// Gap: a rollout must not move every client of a replica at once (a
+// reconnect storm onto the others). With the gradual drain (the default),
+// each keep-alive connection is told to close at its own moment of the lame
+// duck, drawn from the seed and its number: an idle one is closed then, a
+// busy one's next answer says `Connection: close`. None is told before its
+// moment, they are told in the order of their moments, every one within
+// the lame duck, and no request fails.
+#[test]
+fn the_gradual_drain_tells_each_connection_at_its_own_moment_of_the_lame_duck() {
+    const N: u64 = 24;
+    const SEED: u64 = 45;
+    let window = Duration::from_secs(3);
+    let mut server = LameduckProcess::start(
+        &[
+            "--drain-delay",
+            "3s",
+            "--connection-seed",
+            &SEED.to_string(),
+        ],
+        &[],
+    );
+    let addr = server.addr();
+    // Each served before the next opens: the server numbers them 0 to N - 1.
+    let streams: Vec<TcpStream> = (0..N)
+        .map(|_| {
+            let mut stream = connect(addr);
+            let response = get(&mut stream, "/healthz").expect("GET /healthz");
+            assert!(!response.closes_connection(), "{response:?}");
+            stream
+        })
+        .collect();
+
+    let signalled = Instant::now();
+    server.signal(Signal::SIGTERM);
+    let clients: Vec<_> = streams
+        .into_iter()
+        .enumerate()
+        .map(|(n, stream)| std::thread::spawn(move || until_told(stream, n % 2 == 0, signalled)))
+        .collect();
+    let moments: Vec<(Duration, Duration)> = clients
+        .into_iter()
+        .zip(0..N)
+        .map(|(client, n)| {
+            let due = window.mul_f64(draw(SEED, n, Draw::Spread));
+            (due, client.join().expect("client"))
+        })
+        .collect();
+    assert_told_in_order(&moments, Duration::from_millis(500));
+    // Within the lame duck: a second's slack for a loaded machine, where
+    // an immediate drain would tell every one at once and a drain without
+    // a lame duck at its end.
+    for (n, &(_, told)) in moments.iter().enumerate() {
+        assert!(
+            told < window + Duration::from_secs(1),
+            "connection {n} told at {told:?}"
+        );
+    }
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+    let summary = server.expect_log(COMPLETE, PATIENCE);
+    assert!(
+        summary.contains(&format!("connections_closed_by_server={N}")),
+        "{summary}"
+    );
 }
 
 // Gap: the shutdown timeout is a promise to the supervisor: work that never

@@ -1192,3 +1192,59 @@ pub fn assert_kill_bound(stored: u64, answered: u64, cut: u64) {
         "{stored} hits stored, {answered} answered, {cut} cut by the kills"
     );
 }
+
+/// How often a polling keep-alive client asks (`until_told`).
+const TOLD_POLL: Duration = Duration::from_millis(50);
+
+/// Plays one keep-alive client on `stream` until the server wants it gone,
+/// and returns when that was, counted from `since`. An `idle` client sends
+/// nothing and waits for the server to close the connection; a busy one
+/// asks for `/healthz` every 50 ms until an answer says `Connection:
+/// close`, then sees the connection closed. A request that fails is a
+/// failure of the server: a client honouring `Connection: close` must
+/// never see one.
+pub fn until_told(mut stream: TcpStream, idle: bool, since: Instant) -> Duration {
+    const LONGEST: Duration = Duration::from_secs(60);
+    if idle {
+        let closed = wait_for_eof(&mut stream, LONGEST).expect("EOF, not a reset");
+        assert!(closed, "still open after {LONGEST:?}");
+        return since.elapsed();
+    }
+    let deadline = Instant::now() + LONGEST;
+    loop {
+        let response = get(&mut stream, "/healthz").expect("a request on an open connection");
+        assert_eq!(response.status, 200, "{response:?}");
+        if response.closes_connection() {
+            let told = since.elapsed();
+            assert!(
+                wait_for_eof(&mut stream, LONGEST).expect("EOF"),
+                "open after close"
+            );
+            return told;
+        }
+        assert!(Instant::now() < deadline, "never told to close");
+        thread::sleep(TOLD_POLL);
+    }
+}
+
+/// Connections told to close at their drawn moments, as `(due, told)` from
+/// the same instant: none before its moment, and in the order of their
+/// moments wherever two are `apart` or more apart.
+pub fn assert_told_in_order(moments: &[(Duration, Duration)], apart: Duration) {
+    for (n, &(due, told)) in moments.iter().enumerate() {
+        assert!(
+            told >= due,
+            "connection {n} told at {told:?}, before its moment {due:?}"
+        );
+    }
+    for (a, &(due_a, told_a)) in moments.iter().enumerate() {
+        for (b, &(due_b, told_b)) in moments.iter().enumerate() {
+            if due_a + apart <= due_b {
+                assert!(
+                    told_a < told_b,
+                    "connection {a} (due {due_a:?}) told at {told_a:?}, after connection {b} (due {due_b:?}) at {told_b:?}"
+                );
+            }
+        }
+    }
+}

@@ -10,9 +10,14 @@
 //! is what a lame-duck period has to outlast.
 //!
 //! Replicas come and go through pre-declared slots (`server-template`),
-//! filled and emptied with `set server … addr` and `set server … state`, in
-//! two backends: HTTP/1.1 to the servers for the HTTP/1.1 frontend, HTTP/2
-//! (prior knowledge) to the servers for the HTTP/2 frontend.
+//! filled and emptied with `set server … addr` and `set server … state`. In
+//! [`Mode::Http`] (L7, the default) there are two backends: HTTP/1.1 to the
+//! servers for the HTTP/1.1 frontend, HTTP/2 (prior knowledge) to the
+//! servers for the HTTP/2 frontend. In [`Mode::Tcp`] (L4, as kube-proxy
+//! balances a Service) one frontend passes every connection whole, TLS
+//! included, to one replica picked round-robin, and never looks inside: a
+//! client's keep-alive connection stays on its replica until one of them
+//! closes it.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -26,8 +31,33 @@ use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-/// The two backends, one per protocol towards the servers.
+/// The two backends of [`Mode::Http`], one per protocol towards the
+/// servers.
 pub const BACKENDS: [&str; 2] = ["be_h1", "be_h2"];
+
+/// The one backend of [`Mode::Tcp`].
+pub const TCP_BACKENDS: [&str; 1] = ["be_tcp"];
+
+/// What the balancer forwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// L7: HTTP requests, each to a replica of its own, over the
+    /// balancer's own connections to the replicas.
+    Http,
+    /// L4: TCP connections, each to one replica for its whole life; TLS
+    /// passes through to the replica.
+    Tcp,
+}
+
+impl Mode {
+    fn backends(self) -> &'static [&'static str] {
+        match self {
+            Mode::Http => &BACKENDS,
+            Mode::Tcp => &TCP_BACKENDS,
+        }
+    }
+}
 
 /// How long HAProxy may take to open its runtime API socket.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -78,12 +108,15 @@ impl Checks {
 /// A running HAProxy.
 #[derive(Debug)]
 pub struct Haproxy {
-    /// The HTTP/1.1 frontend.
+    /// The HTTP/1.1 frontend; in [`Mode::Tcp`], the one L4 frontend.
     pub http1: SocketAddr,
-    /// The HTTP/2 prior-knowledge frontend.
+    /// The HTTP/2 prior-knowledge frontend; in [`Mode::Tcp`], the one L4
+    /// frontend too.
     pub http2: SocketAddr,
     /// Slots per backend.
     pub slots: usize,
+    /// L7 or L4.
+    pub mode: Mode,
     socket: PathBuf,
     child: Child,
 }
@@ -106,6 +139,38 @@ impl Haproxy {
         let http1 = free_port()?;
         let http2 = free_port()?;
         let config = render_config(checks, slots, &socket, http1, http2);
+        Haproxy::spawn(Mode::Http, (http1, http2), slots, config, dir, log).await
+    }
+
+    /// Starts `haproxy` in [`Mode::Tcp`] on one free loopback port (both
+    /// [`Haproxy::http1`] and [`Haproxy::http2`]), with `slots` empty
+    /// server slots, health-checked over HTTP as in [`Haproxy::start`].
+    ///
+    /// # Errors
+    /// As [`Haproxy::start`].
+    pub async fn start_tcp(
+        checks: Checks,
+        slots: usize,
+        dir: &Path,
+        log: &Path,
+    ) -> anyhow::Result<Haproxy> {
+        let socket = dir.join("haproxy.sock");
+        let frontend = free_port()?;
+        let config = render_tcp_config(checks, slots, &socket, frontend);
+        Haproxy::spawn(Mode::Tcp, (frontend, frontend), slots, config, dir, log).await
+    }
+
+    /// Writes `config` into `dir` and starts `haproxy` on it, its output
+    /// going to `log`; returns once its runtime socket answers.
+    async fn spawn(
+        mode: Mode,
+        (http1, http2): (SocketAddr, SocketAddr),
+        slots: usize,
+        config: String,
+        dir: &Path,
+        log: &Path,
+    ) -> anyhow::Result<Haproxy> {
+        let socket = dir.join("haproxy.sock");
         let config_path = dir.join("haproxy.cfg");
         std::fs::write(&config_path, config)
             .with_context(|| format!("cannot write {}", config_path.display()))?;
@@ -125,6 +190,7 @@ impl Haproxy {
             http1,
             http2,
             slots,
+            mode,
             socket: socket.clone(),
             child: {
                 let deadline = Instant::now() + START_TIMEOUT;
@@ -198,7 +264,7 @@ impl Haproxy {
         addr: SocketAddr,
         check_port: u16,
     ) -> anyhow::Result<()> {
-        for backend in BACKENDS {
+        for backend in self.mode.backends() {
             self.command(&format!(
                 "set server {backend}/s{slot} addr {} port {}",
                 addr.ip(),
@@ -220,7 +286,7 @@ impl Haproxy {
     /// # Errors
     /// If HAProxy rejects a command.
     pub async fn disable(&self, slot: usize) -> anyhow::Result<()> {
-        for backend in BACKENDS {
+        for backend in self.mode.backends() {
             self.command(&format!("set server {backend}/s{slot} state maint"))
                 .await?;
         }
@@ -249,16 +315,17 @@ impl Haproxy {
         };
         let (px, sv, status) = (column("pxname")?, column("svname")?, column("status")?);
         let server = format!("s{slot}");
+        let backends = self.mode.backends();
         let mut found = Vec::new();
         for line in lines {
             let fields: Vec<&str> = line.split(',').collect();
             if fields.get(sv) == Some(&server.as_str())
-                && fields.get(px).is_some_and(|p| BACKENDS.contains(p))
+                && fields.get(px).is_some_and(|p| backends.contains(p))
             {
                 found.push(fields.get(status).copied().unwrap_or("").to_owned());
             }
         }
-        if found.len() != BACKENDS.len() {
+        if found.len() != backends.len() {
             bail!("slot {slot} is not in `show stat`");
         }
         Ok(found)
@@ -376,6 +443,56 @@ fn render_config(
          {}",
         backend("be_h1", ""),
         backend("be_h2", " proto h2 check-proto h1"),
+    )
+}
+
+/// The configuration of [`Mode::Tcp`]: one frontend passing connections
+/// whole, round-robin (IPVS's default; kube-proxy's iptables mode picks at
+/// random, the same on average), to the slots of one backend, whose health
+/// checks are HTTP `GET /readyz` as in [`Mode::Http`]. No `option
+/// redispatch` retry on a refused connection: an L4 Service does not retry.
+fn render_tcp_config(checks: Checks, slots: usize, socket: &Path, frontend: SocketAddr) -> String {
+    let inter = checks.inter.as_millis();
+    let (fall, rise, retries) = (checks.fall, checks.rise, checks.retries);
+    let redispatch = if checks.redispatch {
+        "\x20   option redispatch 1\n"
+    } else {
+        ""
+    };
+    let socket = socket.display();
+    format!(
+        "# Generated by load/src/haproxy.rs for one run, L4.\n\
+         global\n\
+         \x20   maxconn 8000\n\
+         \x20   stats socket {socket} mode 600 level admin\n\
+         \x20   stats timeout 10s\n\
+         \x20   log stdout format raw local0\n\
+         \n\
+         defaults\n\
+         \x20   mode tcp\n\
+         \x20   log global\n\
+         \x20   option tcplog\n\
+         \x20   option dontlognull\n\
+         \x20   option dontlog-normal\n\
+         \x20   maxconn 8000\n\
+         \x20   retries {retries}\n\
+         {redispatch}\
+         \x20   timeout connect 1s\n\
+         \x20   timeout client 60s\n\
+         \x20   timeout server 60s\n\
+         \x20   timeout check 1s\n\
+         \x20   default-server inter {inter}ms fastinter {inter}ms downinter {inter}ms fall {fall} rise {rise}\n\
+         \n\
+         frontend fe_tcp\n\
+         \x20   bind {frontend}\n\
+         \x20   default_backend be_tcp\n\
+         \n\
+         backend be_tcp\n\
+         \x20   balance roundrobin\n\
+         \x20   option httpchk\n\
+         \x20   http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host lb\n\
+         \x20   http-check expect status 200\n\
+         \x20   server-template s 1-{slots} 127.0.0.1:9 disabled check\n"
     )
 }
 

@@ -118,6 +118,37 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RawConn<S> {
         Ok((head, body))
     }
 
+    /// Whether nothing of a response has arrived since the last whole one:
+    /// after a failed [`RawConn::exchange`], the server answered none of the
+    /// request, so a client may send it again on a new connection (RFC
+    /// 9112 §9.3.1, for an idempotent request on a connection it reused).
+    pub fn received_nothing(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// Waits, while no request is out, until the server closes the
+    /// connection; returns at its end of stream (a TLS stream's
+    /// `close_notify` included). Bytes that come unasked end the wait as
+    /// `InvalidData`, and a failed read as its error: either way the
+    /// connection is done with. A keep-alive client awaits this beside its
+    /// next request's due time, so a connection the server closed while
+    /// idle is not reused, as hyper's pool drops one.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a read that has not completed took nothing.
+    pub async fn closed(&mut self) -> io::Result<()> {
+        let mut chunk = [0u8; 512];
+        let n = self.stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "bytes while no request was out",
+        ))
+    }
+
     async fn read_response(&mut self) -> io::Result<Head> {
         let (head, head_end, length) = self.read_whole().await?;
         self.buf.drain(..head_end + length);

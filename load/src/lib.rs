@@ -26,12 +26,18 @@
 //!    as the kubelet restarts a container: only the requests in flight on
 //!    the killed replica may fail, and the hits stored must lie between the
 //!    redirects answered and those plus the requests the kills cut.
-//! 5. `load soak` and `load abuse` (not in CI): many idle connections and
+//! 5. `load rotation` puts long-lived keep-alive HTTPS clients behind an
+//!    L4 balancer (HAProxy in `mode tcp`): every replica replaced with an
+//!    immediate and with a gradual drain, the reconnect storm counted by
+//!    the replicas every 100 ms; then a replica added, without and with a
+//!    maximum connection age, and its share of the requests followed.
+//! 6. `load soak` and `load abuse` (not in CI): many idle connections and
 //!    load past the concurrency limit; slow bodies and slowloris from the
 //!    real `slowhttptest` while a normal client keeps working, then SIGTERM.
 //!
 //! # Layout
-//! - [`rollout`], [`bench`], [`outage`], [`crash`]: the four scenarios;
+//! - [`rollout`], [`bench`], [`outage`], [`crash`], [`rotation`]: the five
+//!   scenarios;
 //!   [`soak`], [`abuse`]: the long runs outside CI.
 //! - [`traffic`]: open-loop mixed load over HTTP/1.1 and HTTP/2 clients;
 //!   [`fate`]: what happened to one request. [`raw`]: a minimal HTTP/1.1
@@ -58,6 +64,7 @@ pub mod raw;
 pub mod replica;
 pub mod report;
 pub mod rollout;
+pub mod rotation;
 pub mod soak;
 pub mod tls;
 pub mod traffic;

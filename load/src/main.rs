@@ -8,6 +8,8 @@
 //! cargo run -p load --release -- outage --smoke     # its short correctness run
 //! cargo run -p load --release -- crash --check      # Scenario 4: SIGKILLs under load
 //! cargo run -p load --release -- crash --smoke      # its short correctness run
+//! cargo run -p load --release -- rotation --check   # Scenario 5: reconnect storms and scale-up
+//! cargo run -p load --release -- rotation --smoke   # its short correctness run
 //! cargo run -p load --release -- soak               # idle connections + load past the limit (not in CI)
 //! cargo run -p load --release -- abuse              # slowhttptest slow bodies and slowloris + a normal client (not in CI)
 //! ```
@@ -19,7 +21,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use load::binaries::{self, Binaries};
 use load::machine::Machine;
-use load::{abuse, bench, crash, outage, rollout, soak};
+use load::{abuse, bench, crash, outage, rollout, rotation, soak};
 
 /// The rollout harness and benchmarks of lameduck.
 #[derive(Debug, Parser)]
@@ -43,6 +45,11 @@ enum Command {
     /// few seconds and restarted; here the balancer retries a refused
     /// connection on another replica (--lb-retries at least 1).
     Crash(crash::Options),
+    /// Scenario 5: keep-alive HTTPS clients behind an L4 balancer; every
+    /// replica replaced with an immediate and a gradual drain (the
+    /// reconnect storm), then a replica added without and with a maximum
+    /// connection age (who serves it).
+    Rotation(rotation::Options),
     /// Many idle connections and sustained load past the concurrency limit,
     /// then SIGTERM (not in CI).
     Soak(soak::Options),
@@ -60,6 +67,7 @@ fn main() -> ExitCode {
         Command::Bench(options) => bench::main(options, machine),
         Command::Outage(options) => run_outage(options.resolve(), machine),
         Command::Crash(options) => run_crash(options.resolve(), machine),
+        Command::Rotation(options) => run_rotation(options.resolve(), machine),
         Command::Soak(options) => soak::main(options, machine),
         Command::Abuse(options) => abuse::main(options, machine),
     }
@@ -154,6 +162,40 @@ fn run_crash(options: crash::Options, mut machine: Machine) -> ExitCode {
             eprintln!(
                 "load: check passed: only requests in flight on a killed replica failed, \
                  answered ≤ stored ≤ answered + cut, every exit 0"
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })();
+    result.unwrap_or_else(|error| {
+        eprintln!("load: error: {error:#}");
+        ExitCode::from(2)
+    })
+}
+
+fn run_rotation(options: rotation::Options, mut machine: Machine) -> ExitCode {
+    let result = (|| -> anyhow::Result<ExitCode> {
+        if !options.no_install {
+            binaries::install_test_deps(&["postgres", "haproxy"])?;
+        }
+        let binaries = Binaries::for_run(options.bin_dir.as_deref(), &mut machine)?;
+        let out = output_dir(options.out.clone(), "rotation");
+        let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+        let check = options.check;
+        let report = runtime.block_on(rotation::run(options, &binaries, machine, &out))?;
+        rotation::summary::write(&report, &out)?;
+        println!("{}", rotation::summary::summary(&report));
+        println!(
+            "Written: {}/{{rotation.json,rotation.svg,summary.md}} and logs/",
+            out.display()
+        );
+        if check {
+            if let Err(problems) = rotation::summary::verdict(&report) {
+                eprintln!("load: check FAILED: {problems}");
+                return Ok(ExitCode::FAILURE);
+            }
+            eprintln!(
+                "load: check passed: no failed request, every hit stored, a gradual drain's storm \
+                 within its bound, the new replica served once connections age"
             );
         }
         Ok(ExitCode::SUCCESS)

@@ -428,7 +428,9 @@ fn latency_line(
     );
 }
 
-fn nice_ceiling(value: f64) -> f64 {
+/// The next round number at or above `value` (1, 1.2, 1.5, 2, 2.5, 3, 4,
+/// 5, 6, 8 times a power of ten): an axis's top.
+pub(crate) fn nice_ceiling(value: f64) -> f64 {
     if value <= 0.0 {
         return 1.0;
     }
@@ -441,7 +443,8 @@ fn nice_ceiling(value: f64) -> f64 {
     10.0 * magnitude
 }
 
-fn escape(text: &str) -> String {
+/// `text` with `&`, `<` and `>` escaped for SVG.
+pub(crate) fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

@@ -6,8 +6,9 @@ use std::time::Instant;
 
 /// Runs `load SCENARIO --smoke` with a fresh output folder. Panics, with
 /// the run's output, unless it exits 0, prints `marker` in its summary and
-/// writes `SCENARIO.json`. A correctness run: its time is only reported.
-pub(crate) fn smoke(scenario: &str, marker: &str) {
+/// writes `SCENARIO.json`; returns that JSON, for a test to look closer. A
+/// correctness run: its time is only reported.
+pub(crate) fn smoke(scenario: &str, marker: &str) -> serde_json::Value {
     let out = tempfile::Builder::new()
         .prefix(&format!("{}-{scenario}-smoke-", load::SERVICE))
         .tempdir()
@@ -33,4 +34,6 @@ pub(crate) fn smoke(scenario: &str, marker: &str) {
     );
     println!("{stdout}");
     println!("smoke {scenario} took {elapsed:?}");
+    let text = std::fs::read_to_string(&json).expect("the JSON is readable");
+    serde_json::from_str(&text).expect("the JSON parses")
 }

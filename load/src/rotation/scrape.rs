@@ -1,0 +1,185 @@
+//! Each replica's own count of what it served, read from its `/metrics`
+//! on the admin listener every [`TICK`]: the connections its main listener
+//! accepted, the redirects it answered, and the connections it closed, by
+//! who and why. The server's counters are the honest source: through an L4
+//! balancer the client cannot tell which replica it reached, and a
+//! client-side count of handshakes would miss none of them but could not
+//! say where they landed.
+//!
+//! Readings are taken on a grid of ticks from the traffic's origin, so
+//! that the replicas' series line up; tick `k` reads the counts at about
+//! `origin + k·TICK`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::metric;
+use crate::raw::{self, RawConn};
+
+/// How often a replica's counters are read: the resolution of the
+/// reconnect rate.
+pub(super) const TICK: Duration = Duration::from_millis(100);
+
+/// How long one reading may take before it is skipped.
+const READ_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// One replica's counters at one tick.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Reading {
+    /// Tick number: the reading was taken at about `origin + tick·TICK`.
+    pub(super) tick: u64,
+    /// `connections_accepted_total`: every connection its main listener
+    /// accepted.
+    pub(super) accepted: u64,
+    /// `http_requests_total{status="3xx"}`: redirects answered.
+    pub(super) redirects: u64,
+    /// `connections_closed_total{by,reason}`, keyed `by/reason`.
+    pub(super) closed: BTreeMap<String, u64>,
+}
+
+/// A running reader of one replica's counters.
+#[derive(Debug)]
+pub(super) struct Scraper {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Vec<Reading>>,
+}
+
+impl Scraper {
+    /// Reads `admin`'s `/metrics` at every tick from `origin` on (the next
+    /// one from now) until [`Scraper::finish`].
+    pub(super) fn spawn(admin: SocketAddr, origin: Instant) -> Scraper {
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(read_until(admin, origin, stopped));
+        Scraper { stop, task }
+    }
+
+    /// Stops reading; returns every reading taken, in tick order.
+    pub(super) async fn finish(self) -> Vec<Reading> {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+async fn read_until(
+    admin: SocketAddr,
+    origin: Instant,
+    mut stop: watch::Receiver<bool>,
+) -> Vec<Reading> {
+    let now = Instant::now();
+    let first = if now <= origin {
+        0
+    } else {
+        let elapsed = now.duration_since(origin).as_nanos();
+        u64::try_from(elapsed.div_ceil(TICK.as_nanos())).unwrap_or(u64::MAX)
+    };
+    let start = origin + TICK * u32::try_from(first).unwrap_or(u32::MAX);
+    let mut ticker = tokio::time::interval_at(start, TICK);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let mut conn = None;
+    let mut readings = Vec::new();
+    loop {
+        let at = tokio::select! {
+            at = ticker.tick() => at,
+            _ = stop.changed() => break,
+        };
+        let tick = (at.duration_since(origin).as_nanos() + TICK.as_nanos() / 2) / TICK.as_nanos();
+        if let Some(mut reading) = read(admin, &mut conn).await {
+            reading.tick = u64::try_from(tick).unwrap_or(u64::MAX);
+            readings.push(reading);
+        }
+    }
+    readings
+}
+
+/// One `/metrics` on `conn` (opened if needed), parsed; `None` if it did
+/// not answer within [`READ_TIMEOUT`] (the next tick tries again).
+async fn read(admin: SocketAddr, conn: &mut Option<RawConn>) -> Option<Reading> {
+    let exchange = async {
+        if conn.is_none() {
+            *conn = Some(RawConn::connect(admin).await?);
+        }
+        let current = conn
+            .as_mut()
+            .ok_or_else(|| std::io::Error::other("no connection"))?;
+        current.exchange_body(&raw::get("/metrics")).await
+    };
+    match tokio::time::timeout(READ_TIMEOUT, exchange).await {
+        Ok(Ok((head, body))) => {
+            if head.close {
+                *conn = None;
+            }
+            (head.status == 200).then(|| parse(&String::from_utf8_lossy(&body)))
+        }
+        _ => {
+            *conn = None;
+            None
+        }
+    }
+}
+
+/// The counters of a `/metrics` page.
+pub(super) fn parse(text: &str) -> Reading {
+    let accepted = metric("connections_accepted_total");
+    let requests = metric("http_requests_total");
+    let closed = metric("connections_closed_total");
+    let mut reading = Reading::default();
+    for line in text.lines().filter(|line| !line.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let Ok(value) = value.parse::<f64>().map(|v| v as u64) else {
+            continue;
+        };
+        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+        if name == accepted {
+            reading.accepted = value;
+        } else if name == requests && label(labels, "status") == Some("3xx") {
+            reading.redirects += value;
+        } else if name == closed {
+            let by = label(labels, "by").unwrap_or("?");
+            let reason = label(labels, "reason").unwrap_or("?");
+            *reading.closed.entry(format!("{by}/{reason}")).or_default() += value;
+        }
+    }
+    reading
+}
+
+/// The value of `name` in a series' labels (`by="server",reason="age"}`).
+fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
+    labels
+        .trim_end_matches('}')
+        .split(',')
+        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix("=\""))
+        .map(|value| value.trim_end_matches('"'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_counters_are_read_from_a_metrics_page() {
+        let page = format!(
+            "# HELP x y\n\
+             # TYPE {p}_connections_accepted counter\n\
+             {p}_connections_accepted_total 1234\n\
+             {p}_http_requests_total{{route=\"/{{code}}\",status=\"3xx\"}} 500\n\
+             {p}_http_requests_total{{route=\"/api/links\",status=\"2xx\"}} 7\n\
+             {p}_connections_closed_total{{by=\"server\",reason=\"drain\"}} 30\n\
+             {p}_connections_closed_total{{by=\"client\",reason=\"client\"}} 2\n\
+             # EOF\n",
+            p = lameduck::CRATE_NAME
+        );
+        let reading = parse(&page);
+        assert_eq!(reading.accepted, 1234);
+        assert_eq!(reading.redirects, 500);
+        assert_eq!(reading.closed.get("server/drain"), Some(&30));
+        assert_eq!(reading.closed.get("client/client"), Some(&2));
+    }
+}

@@ -504,3 +504,33 @@ pub fn free_port() -> anyhow::Result<SocketAddr> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").context("no free loopback port")?;
     Ok(listener.local_addr()?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tcp_mode_passes_connections_whole_and_checks_readiness_over_http() {
+        let checks = Checks {
+            inter: Duration::from_millis(200),
+            fall: 2,
+            rise: 1,
+            retries: 0,
+            redispatch: false,
+        };
+        let addr: SocketAddr = "127.0.0.1:8443".parse().expect("an address");
+        let config = render_tcp_config(checks, 4, Path::new("/tmp/h.sock"), addr);
+        for line in [
+            "mode tcp",
+            "bind 127.0.0.1:8443",
+            "balance roundrobin",
+            "http-check send meth GET uri /readyz",
+            "server-template s 1-4 127.0.0.1:9 disabled check",
+            "inter 200ms",
+        ] {
+            assert!(config.contains(line), "{line} missing from\n{config}");
+        }
+        assert!(!config.contains("mode http") && !config.contains("retry-on"));
+        assert_eq!(Mode::Tcp.backends(), &TCP_BACKENDS);
+    }
+}

@@ -24,10 +24,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use crate::fate::Fate;
@@ -64,11 +65,67 @@ pub(super) struct Record {
     pub(super) retried: bool,
 }
 
+/// The clients at work, from their origin until [`Traffic::finish`].
+#[derive(Debug)]
+pub(super) struct Traffic {
+    /// When the first request was due: the clock of every series.
+    pub(super) origin: Instant,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Vec<Record>>,
+    tls: tls::Client,
+}
+
+/// What the clients did.
+#[derive(Debug)]
+pub(super) struct Finished {
+    /// Every request, in due order.
+    pub(super) records: Vec<Record>,
+    /// Seconds from the origin to the stop.
+    pub(super) traffic_s: f64,
+    /// TLS handshakes made.
+    pub(super) handshakes: u64,
+}
+
+impl Traffic {
+    /// Starts `load` against `target` now, with `tls`'s handshakes.
+    pub(super) fn start(
+        load: Load,
+        target: SocketAddr,
+        tls: tls::Client,
+        codes: Arc<[String]>,
+    ) -> Traffic {
+        let (stop, stopped) = watch::channel(false);
+        let origin = Instant::now();
+        let task = tokio::spawn(run(load, target, tls.clone(), codes, origin, stopped));
+        Traffic {
+            origin,
+            stop,
+            task,
+            tls,
+        }
+    }
+
+    /// Stops the clients and waits for the requests still out.
+    ///
+    /// # Errors
+    /// If the clients' task panicked.
+    pub(super) async fn finish(self) -> anyhow::Result<Finished> {
+        let _ = self.stop.send(true);
+        let traffic_s = self.origin.elapsed().as_secs_f64();
+        let records = self.task.await.context("the clients failed")?;
+        Ok(Finished {
+            records,
+            traffic_s,
+            handshakes: self.tls.handshakes().0,
+        })
+    }
+}
+
 /// Runs `load` against `target` from `origin` until `stop` turns true (or
 /// [`Load::max_duration`] passes); waits for the requests still out (each
 /// ends within [`Load::timeout`]) and returns every outcome in due order.
 /// Redirects pick their code from `codes`, which must not be empty.
-pub(super) async fn run(
+async fn run(
     load: Load,
     target: SocketAddr,
     tls: tls::Client,

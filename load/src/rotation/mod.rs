@@ -19,6 +19,7 @@
 //!
 //! Every redirect answered must be a hit stored, and no request may fail.
 
+mod charts;
 mod clients;
 mod fleet;
 pub mod scaleup;
@@ -28,7 +29,9 @@ pub mod storm;
 pub mod summary;
 mod svg;
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -44,6 +47,7 @@ use crate::machine::Machine;
 use crate::postgres::PgCluster;
 use crate::tls;
 use crate::SERVICE;
+use fleet::Fleet;
 
 pub use scaleup::ScaleUpResult;
 pub use storm::StormResult;
@@ -252,11 +256,34 @@ impl Rig<'_> {
         self.certificates.client(&[b"http/1.1"], false)
     }
 
-    /// Empties the links table and seeds `links` links through `addr`.
-    async fn fresh_links(
+    /// Starts `replicas` replicas with the common arguments and `extra`
+    /// behind a new L4 balancer (logs under `slug`), and seeds fresh links
+    /// through the first. The scratch folder holds the replicas' data: keep
+    /// it until they have exited.
+    ///
+    /// # Errors
+    /// If a replica or the balancer does not start, or seeding fails.
+    async fn start_fleet(
         &self,
-        addr: std::net::SocketAddr,
-    ) -> anyhow::Result<std::sync::Arc<[String]>> {
+        slug: &str,
+        extra: &[String],
+        replicas: u16,
+    ) -> anyhow::Result<(Fleet, TempDir, Arc<[String]>)> {
+        let (scratch, logs) = self.dirs(slug)?;
+        let data = scratch.path().join("data");
+        let spec = fleet::spec(&self.program, &self.certificates, &data, &self.url, extra);
+        let o = self.options;
+        let mut fleet = Fleet::start(o.checks, spec, o.seed, scratch.path(), &logs).await?;
+        for _ in 0..replicas {
+            fleet.add().await?;
+        }
+        let first = fleet.first_addr().context("no replica")?;
+        let codes = self.fresh_links(first).await?;
+        Ok((fleet, scratch, codes))
+    }
+
+    /// Empties the links table and seeds `links` links through `addr`.
+    async fn fresh_links(&self, addr: SocketAddr) -> anyhow::Result<Arc<[String]>> {
         sqlx::query("TRUNCATE links, link_audit")
             .execute(&self.pool)
             .await

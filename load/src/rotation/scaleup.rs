@@ -13,13 +13,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::clients::{self, Load, Record};
+use super::clients::{Finished, Load, Traffic};
 use super::fleet::{self, Fleet};
 use super::series::{self, ReplicaSeries};
 use super::{Rig, SHUTDOWN_TIMEOUT};
@@ -125,7 +123,6 @@ pub(super) async fn run(rig: &Rig<'_>, age: Option<Duration>) -> anyhow::Result<
         || "scale-up-no-age".to_owned(),
         |_| "scale-up-age".to_owned(),
     );
-    let (scratch, logs) = rig.dirs(&slug)?;
     // No replica leaves under traffic here: no lame duck is needed.
     let mut extra = vec![
         "--drain-delay".to_owned(),
@@ -137,20 +134,7 @@ pub(super) async fn run(rig: &Rig<'_>, age: Option<Duration>) -> anyhow::Result<
         extra.push("--max-connection-age".to_owned());
         extra.push(humantime::format_duration(age).to_string());
     }
-    let data = scratch.path().join("data");
-    let spec = fleet::spec(&rig.program, &rig.certificates, &data, &rig.url, &extra);
-    let mut fleet = Fleet::start(o.checks, spec, o.seed, scratch.path(), &logs).await?;
-    for _ in 1..o.replicas {
-        fleet.add().await?;
-    }
-    let codes = rig
-        .fresh_links(fleet.first_addr().context("no replica")?)
-        .await?;
-
-    let tls = rig.tls_client()?;
-    let (stop, stopped) = watch::channel(false);
-    let origin = Instant::now();
-    fleet.begin(origin);
+    let (mut fleet, scratch, codes) = rig.start_fleet(&slug, &extra, o.replicas - 1).await?;
     let load = Load {
         clients: o.scaleup_clients,
         rate: o.scaleup_rate,
@@ -158,77 +142,74 @@ pub(super) async fn run(rig: &Rig<'_>, age: Option<Duration>) -> anyhow::Result<
         timeout: o.timeout,
         max_duration: Duration::from_secs(1800),
     };
-    let traffic = tokio::spawn(clients::run(
-        load,
-        fleet.target(),
-        tls.clone(),
-        codes,
-        origin,
-        stopped,
-    ));
-    let added = async {
-        tokio::time::sleep(o.steady).await;
-        let added = fleet.add().await?;
-        let up = added.started + added.up_after;
-        eprintln!("load:   {} UP after {:?}", added.name, added.up_after);
-        tokio::time::sleep_until(up + window).await;
-        Ok::<_, anyhow::Error>((added.name, up))
-    }
-    .await;
-    let _ = stop.send(true);
-    let records = traffic.await.context("the clients failed")?;
+    let traffic = Traffic::start(load, fleet.target(), rig.tls_client()?, codes);
+    let origin = traffic.origin;
+    fleet.begin(origin);
+    let added = add_and_watch(&mut fleet, o.steady, window).await;
+    let done = traffic.finish().await?;
     let (new_replica, up) = added?;
-    let traffic_s = origin.elapsed().as_secs_f64();
     let stopped = fleet.stop(o.exit_bound()).await?;
-    let hits_stored = rig.hits_stored().await?;
-    let fair_share = 1.0 / f64::from(o.replicas);
-    let mut result = summarize(age, &records, stopped, hits_stored, traffic_s, origin);
-    result.handshakes = tls.handshakes().0;
-    settle(
-        &mut result,
-        &new_replica,
-        series::seconds(origin, up),
-        fair_share,
+    drop(scratch);
+    let watched = Watched {
+        new_replica,
+        added_at_s: series::seconds(origin, up),
+        fair_share: 1.0 / f64::from(o.replicas),
         window,
-    );
-    Ok(result)
+    };
+    let hits_stored = rig.hits_stored().await?;
+    Ok(summarize(
+        age,
+        &done,
+        &watched,
+        stopped,
+        hits_stored,
+        origin,
+    ))
+}
+
+/// After `steady`, adds a replica and watches it for `window` from the
+/// moment it is UP; returns its name and that moment.
+async fn add_and_watch(
+    fleet: &mut Fleet,
+    steady: Duration,
+    window: Duration,
+) -> anyhow::Result<(String, Instant)> {
+    tokio::time::sleep(steady).await;
+    let added = fleet.add().await?;
+    let up = added.started + added.up_after;
+    eprintln!("load:   {} UP after {:?}", added.name, added.up_after);
+    tokio::time::sleep_until(up + window).await;
+    Ok((added.name, up))
+}
+
+/// The replica added, and how it is judged.
+struct Watched {
+    new_replica: String,
+    /// When it was UP, in seconds from the origin.
+    added_at_s: f64,
+    /// 1/R.
+    fair_share: f64,
+    /// How long it was watched.
+    window: Duration,
 }
 
 fn summarize(
     age: Option<Duration>,
-    records: &[Record],
+    done: &Finished,
+    watched: &Watched,
     stopped: fleet::Stopped,
     hits_stored: i64,
-    traffic_s: f64,
     origin: Instant,
 ) -> ScaleUpResult {
-    let ticks = series::ticks_in(traffic_s);
+    let ticks = series::ticks_in(done.traffic_s);
     let per_tick = series::per_tick(&stopped.traces, ticks, series::REDIRECTS);
     let per_second = series::regroup(&per_tick, series::ticks_per_second());
-    let totals = series::total(&per_second);
-    #[allow(clippy::cast_precision_loss)]
-    let share_per_second = per_second
-        .iter()
-        .map(|s| ShareSeries {
-            replica: s.replica.clone(),
-            share: s
-                .values
-                .iter()
-                .zip(&totals)
-                .map(|(n, total)| {
-                    if *total == 0 {
-                        0.0
-                    } else {
-                        *n as f64 / *total as f64
-                    }
-                })
-                .collect(),
-        })
-        .collect();
+    let share_per_second = shares(&per_second);
+    let (new_share_end, within_after_s) = settle(&share_per_second, watched);
     let mut requests = FateCounts::default();
     let mut retried = 0;
     let mut latency: Histogram<u64> = report::histogram();
-    for record in records {
+    for record in &done.records {
         requests.add(record.fate);
         retried += u64::from(record.retried);
         if record.fate == Fate::Success {
@@ -240,96 +221,123 @@ fn summarize(
         label: label(age),
         requests,
         retried,
-        handshakes: 0,
+        handshakes: done.handshakes,
         latency: Latency::of(&latency),
-        new_replica: String::new(),
-        added_at_s: 0.0,
-        window_s: 0.0,
-        fair_share: 0.0,
-        new_share_end: 0.0,
-        within_after_s: None,
+        new_replica: watched.new_replica.clone(),
+        added_at_s: watched.added_at_s,
+        window_s: watched.window.as_secs_f64(),
+        fair_share: watched.fair_share,
+        new_share_end,
+        within_after_s,
         share_per_second,
         redirects_per_second: per_second,
         closed: series::closed_by(&stopped.traces),
         redirects_answered: requests.get(Fate::Success),
         hits_stored,
         final_exits: stopped.exits,
-        traffic_s: (traffic_s * 10.0).round() / 10.0,
+        traffic_s: (done.traffic_s * 10.0).round() / 10.0,
         marks: series::marks(origin, &stopped.marks),
     }
 }
 
-/// Fills in how the new replica's share settled: its share in the last
-/// whole second, and when it came within [`SHARE_TOLERANCE`] of
-/// `fair_share` for good, from `added_at_s` on.
-fn settle(
-    result: &mut ScaleUpResult,
-    new_replica: &str,
-    added_at_s: f64,
-    fair_share: f64,
-    window: Duration,
-) {
-    result.new_replica = new_replica.to_owned();
-    result.added_at_s = added_at_s;
-    result.window_s = window.as_secs_f64();
-    result.fair_share = fair_share;
-    let Some(share) = result
-        .share_per_second
+/// Each replica's redirects per second over the fleet's.
+fn shares(per_second: &[ReplicaSeries]) -> Vec<ShareSeries> {
+    let totals = series::total(per_second);
+    #[allow(clippy::cast_precision_loss)]
+    let share = |n: &u64, total: &u64| {
+        if *total == 0 {
+            0.0
+        } else {
+            *n as f64 / *total as f64
+        }
+    };
+    per_second
         .iter()
-        .find(|s| s.replica == new_replica)
+        .map(|s| ShareSeries {
+            replica: s.replica.clone(),
+            share: s
+                .values
+                .iter()
+                .zip(&totals)
+                .map(|(n, t)| share(n, t))
+                .collect(),
+        })
+        .collect()
+}
+
+/// How the new replica's share settled: its share in the last whole second,
+/// and how long after its addition it came within [`SHARE_TOLERANCE`] of
+/// its fair share for good (to the end of the first second from which it
+/// stayed there).
+fn settle(shares: &[ShareSeries], watched: &Watched) -> (f64, Option<f64>) {
+    let Some(share) = shares
+        .iter()
+        .find(|s| s.replica == watched.new_replica)
         .map(|s| &s.share)
     else {
-        return;
+        return (0.0, None);
     };
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let first = added_at_s.ceil().max(0.0) as usize;
-    let watched = share.get(first..).unwrap_or(&[]);
-    result.new_share_end = watched.last().copied().unwrap_or(0.0);
-    let within = |s: &f64| (s - fair_share).abs() <= SHARE_TOLERANCE * fair_share;
-    let settled =
-        (0..watched.len()).find(|&i| !watched[i..].is_empty() && watched[i..].iter().all(within));
+    let first = watched.added_at_s.ceil().max(0.0) as usize;
+    let seen = share.get(first..).unwrap_or(&[]);
+    let fair = watched.fair_share;
+    let within = |s: &f64| (s - fair).abs() <= SHARE_TOLERANCE * fair;
+    let settled = (0..seen.len()).find(|&i| seen[i..].iter().all(within));
     #[allow(clippy::cast_precision_loss)]
-    let after = settled.map(|i| ((first + i + 1) as f64 - added_at_s).max(0.0));
-    result.within_after_s = after.map(|s| (s * 10.0).round() / 10.0);
+    let after = settled.map(|i| ((first + i + 1) as f64 - watched.added_at_s).max(0.0));
+    (
+        seen.last().copied().unwrap_or(0.0),
+        after.map(|s| (s * 10.0).round() / 10.0),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn result(new_share: Vec<f64>) -> ScaleUpResult {
-        let mut result = summarize(
-            None,
-            &[],
-            fleet::Stopped {
-                exits: Vec::new(),
-                traces: Vec::new(),
-                marks: Vec::new(),
-            },
-            0,
-            0.0,
-            Instant::now(),
-        );
-        result.share_per_second = vec![ShareSeries {
+    fn watched() -> Watched {
+        Watched {
+            new_replica: "r3".to_owned(),
+            added_at_s: 2.5,
+            fair_share: 1.0 / 3.0,
+            window: Duration::from_secs(6),
+        }
+    }
+
+    fn new_share(share: Vec<f64>) -> Vec<ShareSeries> {
+        vec![ShareSeries {
             replica: "r3".to_owned(),
-            share: new_share,
-        }];
-        result
+            share,
+        }]
     }
 
     #[test]
     fn the_share_settles_at_the_first_second_from_which_it_stays_near_fair() {
-        let mut r = result(vec![0.0, 0.0, 0.0, 0.1, 0.32, 0.2, 0.31, 0.34, 0.33]);
-        settle(&mut r, "r3", 2.5, 1.0 / 3.0, Duration::from_secs(6));
+        let shares = new_share(vec![0.0, 0.0, 0.0, 0.1, 0.32, 0.2, 0.31, 0.34, 0.33]);
+        let (end, after) = settle(&shares, &watched());
         assert_eq!(
-            r.within_after_s,
+            after,
             Some(4.5),
             "from second 6 on, its end 7 s, 4.5 s after 2.5"
         );
-        assert!((r.new_share_end - 0.33).abs() < 1e-9);
+        assert!((end - 0.33).abs() < 1e-9);
+        assert_eq!(settle(&new_share(vec![0.0; 9]), &watched()), (0.0, None));
+    }
 
-        let mut none = result(vec![0.0; 9]);
-        settle(&mut none, "r3", 2.5, 1.0 / 3.0, Duration::from_secs(6));
-        assert_eq!((none.within_after_s, none.new_share_end), (None, 0.0));
+    #[test]
+    fn shares_are_of_the_fleets_requests_each_second() {
+        let per_second = vec![
+            ReplicaSeries {
+                replica: "r1".to_owned(),
+                values: vec![10, 0, 3],
+            },
+            ReplicaSeries {
+                replica: "r2".to_owned(),
+                values: vec![30, 0, 1],
+            },
+        ];
+        let shares = shares(&per_second);
+        assert_eq!(shares[0].share, vec![0.25, 0.0, 0.75]);
+        assert_eq!(shares[1].share, vec![0.75, 0.0, 0.25]);
     }
 }

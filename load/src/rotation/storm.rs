@@ -12,13 +12,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::clients::{self, Load, Record};
+use super::clients::{Load, Record, Traffic};
 use super::fleet::{self, Added, Fleet, Retired};
 use super::series::{self, ReplicaSeries};
 use super::{Options, Rig, Spread, SHUTDOWN_TIMEOUT};
@@ -147,7 +145,6 @@ pub(super) async fn run(rig: &Rig<'_>, spread: Spread, round: u16) -> anyhow::Re
         o.rate,
         o.drain_delay
     );
-    let (scratch, logs) = rig.dirs(&format!("storm-{}-{round}", spread.arg()))?;
     let extra = [
         "--drain-delay".to_owned(),
         humantime::format_duration(o.drain_delay).to_string(),
@@ -156,50 +153,27 @@ pub(super) async fn run(rig: &Rig<'_>, spread: Spread, round: u16) -> anyhow::Re
         "--shutdown-timeout".to_owned(),
         humantime::format_duration(SHUTDOWN_TIMEOUT).to_string(),
     ];
-    let spec = fleet::spec(
-        &rig.program,
-        &rig.certificates,
-        &scratch.path().join("data"),
-        &rig.url,
-        &extra,
-    );
-    let mut fleet = Fleet::start(o.checks, spec, o.seed, scratch.path(), &logs).await?;
-    for _ in 0..o.replicas {
-        fleet.add().await?;
-    }
-    let first = fleet.first_addr().context("no replica")?;
-    let codes = rig.fresh_links(first).await?;
-
-    let tls = rig.tls_client()?;
-    let (stop, stopped) = watch::channel(false);
-    let origin = Instant::now();
+    let slug = format!("storm-{}-{round}", spread.arg());
+    let (mut fleet, scratch, codes) = rig.start_fleet(&slug, &extra, o.replicas).await?;
+    let traffic = Traffic::start(load(o), fleet.target(), rig.tls_client()?, codes);
+    let origin = traffic.origin;
     fleet.begin(origin);
-    let load = load(o);
-    let traffic = tokio::spawn(clients::run(
-        load,
-        fleet.target(),
-        tls.clone(),
-        codes,
-        origin,
-        stopped,
-    ));
     let steps = replace_all(&mut fleet, o).await;
-    let _ = stop.send(true);
-    let records = traffic.await.context("the clients failed")?;
+    let done = traffic.finish().await?;
     let steps = steps?;
-    let traffic_s = origin.elapsed().as_secs_f64();
     let stopped = fleet.stop(o.exit_bound()).await?;
+    drop(scratch);
     let hits_stored = rig.hits_stored().await?;
     Ok(summarize(
         Run {
             spread,
             round,
             origin,
-            traffic_s,
-            handshakes: tls.handshakes().0,
+            traffic_s: done.traffic_s,
+            handshakes: done.handshakes,
             tail: o.tail(),
         },
-        &records,
+        &done.records,
         &steps,
         stopped,
         hits_stored,

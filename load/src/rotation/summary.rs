@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use super::scaleup::{ScaleUpResult, SHARE_TOLERANCE};
-use super::storm::{StormResult, WARMUP};
-use super::svg::{self, Chart, Line};
-use super::{series, RotationReport, Spread};
+use super::scaleup::ScaleUpResult;
+use super::storm::{Replacement, StormResult, WARMUP};
+use super::{charts, svg};
+use super::{RotationReport, Spread};
 use crate::fate::{Fate, FateCounts};
 use crate::replica::Ended;
 use crate::report;
@@ -96,170 +96,248 @@ fn immediate_of<'a>(report: &'a RotationReport, gradual: &StormResult) -> Option
         .find(|r| r.spread == Spread::Immediate && r.round == gradual.round)
 }
 
+/// A table row: a name, and its cell in each run's column.
+type Row<'a, R> = (&'static str, Box<dyn Fn(&R) -> String + 'a>);
+
+/// `rows`, a column per run of `runs`, under `header`.
+fn table<R>(header: &[String], runs: &[R], rows: Vec<Row<'_, R>>) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|(name, cell)| {
+            let mut row = vec![name.to_owned()];
+            row.extend(runs.iter().map(&cell));
+            row
+        })
+        .collect();
+    report::table(header, &rows)
+}
+
+/// `a / b / c`: a figure of each replacement.
+fn each(r: &StormResult, figure: impl Fn(&Replacement) -> u64) -> String {
+    r.replacements
+        .iter()
+        .map(|x| figure(x).to_string())
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
 /// The storm's table: one column per run.
 pub fn storm_table(report: &RotationReport) -> String {
-    let runs = &report.storm;
     let mut header = vec![String::new()];
-    header.extend(runs.iter().map(|r| {
+    header.extend(report.storm.iter().map(|r| {
         if report.options.rounds > 1 {
             format!("{} (round {})", r.label, r.round)
         } else {
             r.label.clone()
         }
     }));
-    let row = |name: &str, cell: &dyn Fn(&StormResult) -> String| {
-        let mut row = vec![name.to_owned()];
-        row.extend(runs.iter().map(cell));
-        row
-    };
-    let rows = vec![
-        row("requests (`GET /{code}`, HTTPS keep-alive)", &|r| {
-            r.requests.total().to_string()
-        }),
-        row("**failed**", &|r| format!("**{}**", r.requests.failed())),
-        row("  by fate", &|r| fates(&r.requests)),
-        row(
+    let mut rows = storm_connection_rows(report);
+    rows.extend(storm_time_rows());
+    table(&header, &report.storm, rows)
+}
+
+/// The storm's requests and connections.
+fn storm_connection_rows(report: &RotationReport) -> Vec<Row<'_, StormResult>> {
+    vec![
+        (
+            "requests (`GET /{code}`, HTTPS keep-alive)",
+            Box::new(|r: &StormResult| r.requests.total().to_string()),
+        ),
+        (
+            "**failed**",
+            Box::new(|r: &StormResult| format!("**{}**", r.requests.failed())),
+        ),
+        ("  by fate", Box::new(|r: &StormResult| fates(&r.requests))),
+        (
             "retried on a new connection (reused one closed unanswered)",
-            &|r| r.retried.to_string(),
+            Box::new(|r: &StormResult| r.retried.to_string()),
         ),
-        row("TLS handshakes (clients, all full)", &|r| {
-            r.handshakes.to_string()
-        }),
-        row(
+        (
+            "TLS handshakes (clients, all full)",
+            Box::new(|r: &StormResult| r.handshakes.to_string()),
+        ),
+        (
             "**peak new connections / 100 ms, replacing** (fleet)",
-            &|r| format!("**{}**", r.peak_new_per_100ms),
+            Box::new(|r: &StormResult| format!("**{}**", r.peak_new_per_100ms)),
         ),
-        row("  per replacement", &|r| {
-            r.replacements
-                .iter()
-                .map(|x| x.peak_new_per_100ms.to_string())
-                .collect::<Vec<_>>()
-                .join(" / ")
-        }),
-        row("peak new connections / 100 ms, steady", &|r| {
-            r.steady_peak_new_per_100ms.to_string()
-        }),
-        row("new connections per replacement window", &|r| {
-            r.replacements
-                .iter()
-                .map(|x| x.new_connections.to_string())
-                .collect::<Vec<_>>()
-                .join(" / ")
-        }),
-        row(
+        (
+            "  per replacement",
+            Box::new(|r: &StormResult| each(r, |x| x.peak_new_per_100ms)),
+        ),
+        (
+            "peak new connections / 100 ms, steady",
+            Box::new(|r: &StormResult| r.steady_peak_new_per_100ms.to_string()),
+        ),
+        (
+            "new connections in each replacement window",
+            Box::new(|r: &StormResult| each(r, |x| x.new_connections)),
+        ),
+        (
             "**gradual peak / immediate peak**",
-            &|r| match (r.spread, immediate_of(report, r)) {
-                (Spread::Gradual, Some(i)) if i.peak_new_per_100ms > 0 => {
-                    #[allow(clippy::cast_precision_loss)]
-                    let ratio = r.peak_new_per_100ms as f64 / i.peak_new_per_100ms as f64;
-                    format!("**{ratio:.2}** (target ≤ {PEAK_RATIO_TARGET})")
-                }
-                _ => "–".to_owned(),
-            },
+            Box::new(
+                |r: &StormResult| match (r.spread, immediate_of(report, r)) {
+                    (Spread::Gradual, Some(i)) if i.peak_new_per_100ms > 0 => {
+                        #[allow(clippy::cast_precision_loss)]
+                        let ratio = r.peak_new_per_100ms as f64 / i.peak_new_per_100ms as f64;
+                        format!("**{ratio:.2}** (target ≤ {PEAK_RATIO_TARGET})")
+                    }
+                    _ => "–".to_owned(),
+                },
+            ),
         ),
-        row("latency steady p50 / p99 / max (ms)", &|r| {
-            r.latency_steady.cell()
-        }),
-        row("latency replacing p50 / p99 / max (ms)", &|r| {
-            r.latency_replacing.cell()
-        }),
-        row("**p99 replacing / steady**", &|r| {
-            format!("**{:.2}×**", r.p99_ratio())
-        }),
-        row("connections closed (by/reason)", &|r| closes(&r.closed)),
-        row("balancer out after SIGTERM, median / max (ms)", &|r| {
-            median_max(
-                r.replacements
-                    .iter()
-                    .filter_map(|x| x.lb_out_after)
-                    .collect(),
-            )
-        }),
-        row("SIGTERM → exit, median / max (ms)", &|r| {
-            median_max(r.replacements.iter().map(|x| x.ended.after).collect())
-        }),
-        row("redirects answered 307", &|r| {
-            r.redirects_answered.to_string()
-        }),
-        row("hits stored in PostgreSQL", &|r| r.hits_stored.to_string()),
-        row("**hits lost** (answered − stored)", &|r| {
-            format!("**{}**", r.hits_lost())
-        }),
-        row("exit codes: replaced / at the end", &|r| {
-            format!(
-                "{} / {}",
-                exits(r.replacements.iter().map(|x| &x.ended)),
-                exits(r.final_exits.iter())
-            )
-        }),
-    ];
-    report::table(&header, &rows)
+        (
+            "connections closed (by/reason)",
+            Box::new(|r: &StormResult| closes(&r.closed)),
+        ),
+    ]
+}
+
+/// The storm's latency, drains, hits and exits.
+fn storm_time_rows() -> Vec<Row<'static, StormResult>> {
+    vec![
+        (
+            "latency steady p50 / p99 / max (ms)",
+            Box::new(|r: &StormResult| r.latency_steady.cell()),
+        ),
+        (
+            "latency replacing p50 / p99 / max (ms)",
+            Box::new(|r: &StormResult| r.latency_replacing.cell()),
+        ),
+        (
+            "**p99 replacing / steady**",
+            Box::new(|r: &StormResult| format!("**{:.2}×**", r.p99_ratio())),
+        ),
+        (
+            "balancer out after SIGTERM, median / max (ms)",
+            Box::new(|r: &StormResult| {
+                median_max(
+                    r.replacements
+                        .iter()
+                        .filter_map(|x| x.lb_out_after)
+                        .collect(),
+                )
+            }),
+        ),
+        (
+            "SIGTERM → exit, median / max (ms)",
+            Box::new(|r: &StormResult| {
+                median_max(r.replacements.iter().map(|x| x.ended.after).collect())
+            }),
+        ),
+        (
+            "redirects answered 307",
+            Box::new(|r: &StormResult| r.redirects_answered.to_string()),
+        ),
+        (
+            "hits stored in PostgreSQL",
+            Box::new(|r: &StormResult| r.hits_stored.to_string()),
+        ),
+        (
+            "**hits lost** (answered − stored)",
+            Box::new(|r: &StormResult| format!("**{}**", r.hits_lost())),
+        ),
+        (
+            "exit codes: replaced / at the end",
+            Box::new(|r: &StormResult| {
+                format!(
+                    "{} / {}",
+                    exits(r.replacements.iter().map(|x| &x.ended)),
+                    exits(r.final_exits.iter())
+                )
+            }),
+        ),
+    ]
 }
 
 /// The scale-up's table: one column per run.
 pub fn scale_up_table(report: &RotationReport) -> String {
-    let runs = &report.scale_up;
     let mut header = vec![String::new()];
-    header.extend(runs.iter().map(|r| r.label.clone()));
-    let row = |name: &str, cell: &dyn Fn(&ScaleUpResult) -> String| {
-        let mut row = vec![name.to_owned()];
-        row.extend(runs.iter().map(cell));
-        row
-    };
+    header.extend(report.scale_up.iter().map(|r| r.label.clone()));
     let age = report.options.max_connection_age;
-    let rows = vec![
-        row("requests (`GET /{code}`, HTTPS keep-alive)", &|r| {
-            r.requests.total().to_string()
-        }),
-        row("**failed**", &|r| format!("**{}**", r.requests.failed())),
-        row("  by fate", &|r| fates(&r.requests)),
-        row(
-            "retried on a new connection (reused one closed unanswered)",
-            &|r| r.retried.to_string(),
+    let rows: Vec<Row<'_, ScaleUpResult>> = vec![
+        (
+            "requests (`GET /{code}`, HTTPS keep-alive)",
+            Box::new(|r: &ScaleUpResult| r.requests.total().to_string()),
         ),
-        row("TLS handshakes (clients, all full)", &|r| {
-            r.handshakes.to_string()
-        }),
-        row("latency p50 / p99 / max (ms)", &|r| r.latency.cell()),
-        row("new replica UP at (s)", &|r| format!("{:.1}", r.added_at_s)),
-        row("**new replica's share, last second**", &|r| {
-            format!(
-                "**{}** (fair {})",
-                percent(r.new_share_end),
-                percent(r.fair_share)
-            )
-        }),
-        row(
+        (
+            "**failed**",
+            Box::new(|r: &ScaleUpResult| format!("**{}**", r.requests.failed())),
+        ),
+        (
+            "  by fate",
+            Box::new(|r: &ScaleUpResult| fates(&r.requests)),
+        ),
+        (
+            "retried on a new connection (reused one closed unanswered)",
+            Box::new(|r: &ScaleUpResult| r.retried.to_string()),
+        ),
+        (
+            "TLS handshakes (clients, all full)",
+            Box::new(|r: &ScaleUpResult| r.handshakes.to_string()),
+        ),
+        (
+            "latency p50 / p99 / max (ms)",
+            Box::new(|r: &ScaleUpResult| r.latency.cell()),
+        ),
+        (
+            "new replica UP at (s)",
+            Box::new(|r: &ScaleUpResult| format!("{:.1}", r.added_at_s)),
+        ),
+        (
+            "**new replica's share, last second**",
+            Box::new(|r: &ScaleUpResult| {
+                format!(
+                    "**{}** (fair {})",
+                    percent(r.new_share_end),
+                    percent(r.fair_share)
+                )
+            }),
+        ),
+        (
             "**within 10 % of fair for good after**",
-            &|r| match r.within_after_s {
+            Box::new(move |r: &ScaleUpResult| match r.within_after_s {
                 Some(s) => format!("**{s:.1} s** (target ≤ {:?})", age * 2),
                 None => format!("**never** in {:.0} s", r.window_s),
-            },
+            }),
         ),
-        row("every replica's share, last second", &|r| {
-            r.share_per_second
-                .iter()
-                .map(|s| {
-                    format!(
-                        "{} {}",
-                        s.replica,
-                        percent(s.share.last().copied().unwrap_or(0.0))
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        }),
-        row("connections closed (by/reason)", &|r| closes(&r.closed)),
-        row("redirects answered 307", &|r| {
-            r.redirects_answered.to_string()
-        }),
-        row("hits stored in PostgreSQL", &|r| r.hits_stored.to_string()),
-        row("**hits lost** (answered − stored)", &|r| {
-            format!("**{}**", r.hits_lost())
-        }),
-        row("exit codes at the end", &|r| exits(r.final_exits.iter())),
+        (
+            "every replica's share, last second",
+            Box::new(|r: &ScaleUpResult| {
+                r.share_per_second
+                    .iter()
+                    .map(|s| {
+                        format!(
+                            "{} {}",
+                            s.replica,
+                            percent(s.share.last().copied().unwrap_or(0.0))
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }),
+        ),
+        (
+            "connections closed (by/reason)",
+            Box::new(|r: &ScaleUpResult| closes(&r.closed)),
+        ),
+        (
+            "redirects answered 307",
+            Box::new(|r: &ScaleUpResult| r.redirects_answered.to_string()),
+        ),
+        (
+            "hits stored in PostgreSQL",
+            Box::new(|r: &ScaleUpResult| r.hits_stored.to_string()),
+        ),
+        (
+            "**hits lost** (answered − stored)",
+            Box::new(|r: &ScaleUpResult| format!("**{}**", r.hits_lost())),
+        ),
+        (
+            "exit codes at the end",
+            Box::new(|r: &ScaleUpResult| exits(r.final_exits.iter())),
+        ),
     ];
-    report::table(&header, &rows)
+    table(&header, &report.scale_up, rows)
 }
 
 /// The whole Markdown summary: the tables, the setup, the machine.
@@ -320,140 +398,6 @@ pub fn summary(report: &RotationReport) -> String {
     text
 }
 
-fn storm_charts(runs: &[StormResult]) -> Vec<Chart> {
-    let x_max = runs.iter().map(|r| r.traffic_s).fold(1.0, f64::max);
-    #[allow(clippy::cast_precision_loss)]
-    let peak = runs
-        .iter()
-        .flat_map(|r| series::total(&r.new_per_100ms))
-        .max()
-        .unwrap_or(1) as f64;
-    // The first second's handshakes would flatten the rest.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let warm = WARMUP.as_secs() as usize;
-    let p99_top = runs
-        .iter()
-        .flat_map(|r| r.p99_ms_per_second.iter().skip(warm))
-        .copied()
-        .fold(1.0, f64::max);
-    runs.iter()
-        .map(|r| Chart {
-            title: format!(
-                "storm, {}: peak {} new connections / 100 ms replacing; p99 {} ms steady, {} ms replacing; {} failed",
-                r.label,
-                r.peak_new_per_100ms,
-                report::fmt_ms(r.latency_steady.p99_ms),
-                report::fmt_ms(r.latency_replacing.p99_ms),
-                r.requests.failed()
-            ),
-            x_max,
-            left_label: "new connections per 100 ms (each replica's accepted count)".to_owned(),
-            left_max: svg::axis_top(peak),
-            percent: false,
-            right_axis: Some(("p99 latency per second, ms".to_owned(), svg::axis_top(p99_top))),
-            band: None,
-            lines: storm_lines(r),
-            marks: r.marks.clone(),
-        })
-        .collect()
-}
-
-/// A storm run's lines: each replica's new connections per 100 ms, the
-/// fleet's, and the p99 per second.
-#[allow(clippy::cast_precision_loss)]
-fn storm_lines(r: &StormResult) -> Vec<Line> {
-    let per_tick = |values: &[u64]| -> Vec<(f64, f64)> {
-        values
-            .iter()
-            .enumerate()
-            .map(|(t, n)| (series::at_tick(t) + 0.05, *n as f64))
-            .collect()
-    };
-    let mut lines: Vec<Line> = r
-        .new_per_100ms
-        .iter()
-        .enumerate()
-        .map(|(i, s)| Line {
-            label: s.replica.clone(),
-            color: svg::PALETTE[i % svg::PALETTE.len()],
-            points: per_tick(&s.values),
-            right: false,
-            dashed: false,
-        })
-        .collect();
-    lines.push(Line {
-        label: "fleet".to_owned(),
-        color: svg::TOTAL_COLOR,
-        points: per_tick(&series::total(&r.new_per_100ms)),
-        right: false,
-        dashed: true,
-    });
-    lines.push(Line {
-        label: "p99 latency (right)".to_owned(),
-        color: svg::RIGHT_COLOR,
-        points: r
-            .p99_ms_per_second
-            .iter()
-            .enumerate()
-            .map(|(s, ms)| (s as f64 + 0.5, *ms))
-            .collect(),
-        right: true,
-        dashed: false,
-    });
-    lines
-}
-
-fn scale_up_charts(runs: &[ScaleUpResult]) -> Vec<Chart> {
-    let x_max = runs.iter().map(|r| r.traffic_s).fold(1.0, f64::max);
-    runs.iter()
-        .map(|r| {
-            let lines = r
-                .share_per_second
-                .iter()
-                .enumerate()
-                .map(|(i, s)| Line {
-                    label: s.replica.clone(),
-                    color: svg::PALETTE[i % svg::PALETTE.len()],
-                    #[allow(clippy::cast_precision_loss)]
-                    points: s
-                        .share
-                        .iter()
-                        .enumerate()
-                        .map(|(t, v)| (t as f64 + 0.5, *v))
-                        .collect(),
-                    right: false,
-                    dashed: false,
-                })
-                .collect();
-            let within = r.within_after_s.map_or_else(
-                || "never within 10 %".to_owned(),
-                |s| format!("within 10 % after {s:.1} s"),
-            );
-            Chart {
-                title: format!(
-                    "scale-up, {}: {} UP at {:.1} s, {} of the requests at the end ({within}); {} failed",
-                    r.label,
-                    r.new_replica,
-                    r.added_at_s,
-                    percent(r.new_share_end),
-                    r.requests.failed()
-                ),
-                x_max,
-                left_label: "share of the redirects answered per second (each replica's count)".to_owned(),
-                left_max: 1.0,
-                percent: true,
-                right_axis: None,
-                band: Some((
-                    r.fair_share * (1.0 - SHARE_TOLERANCE),
-                    r.fair_share * (1.0 + SHARE_TOLERANCE),
-                )),
-                lines,
-                marks: r.marks.clone(),
-            }
-        })
-        .collect()
-}
-
 /// Writes `rotation.json`, `rotation.svg` and `summary.md` into `out`.
 ///
 /// # Errors
@@ -461,8 +405,8 @@ fn scale_up_charts(runs: &[ScaleUpResult]) -> Vec<Chart> {
 pub fn write(report: &RotationReport, out: &Path) -> anyhow::Result<()> {
     report::write_json(&out.join("rotation.json"), report)?;
     let o = &report.options;
-    let mut charts = storm_charts(&report.storm);
-    charts.extend(scale_up_charts(&report.scale_up));
+    let mut charts = charts::storm(&report.storm);
+    charts.extend(charts::scale_up(&report.scale_up));
     let title = format!(
         "Rotation behind L4: storm R={}, {} clients, {} req/s, drain {:?} · scale-up {} clients, age {:?}",
         o.replicas, o.clients, o.rate, o.drain_delay, o.scaleup_clients, o.max_connection_age,

@@ -195,9 +195,10 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
 
     /// A connection with no request in flight for this long is closed
-    /// (HTTP/1 keep-alive and HTTP/2). Keep it below the idle timeout of
-    /// whatever sits in front (a balancer, a NAT), so that the server, not
-    /// a middlebox, closes idle connections.
+    /// (HTTP/1 keep-alive and HTTP/2). Behind an L4 balancer or a NAT, keep
+    /// it below their idle timeout (they drop a flow silently); behind an
+    /// L7 proxy that pools connections, above the proxy's own keep-alive
+    /// timeout, so that the proxy closes first.
     #[arg(long = "max-connection-idle", visible_alias = "idle-timeout", env = "LAMEDUCK_MAX_CONNECTION_IDLE", default_value = "60s", value_parser = parse_positive_duration, value_name = "DURATION")]
     pub idle_timeout: Duration,
 

@@ -1420,9 +1420,10 @@ fn each_connection_is_told_to_close_at_its_own_age_within_the_jitter() {
     server.assert_serving("connection ages");
 }
 
-// Gap: a stream (server-sent events) outlives the connection's age until
-// the age's grace, and only then is cut, counted as such; a websocket,
-// handed over from HTTP, is not cut by the age at all.
+// Gap: a stream (server-sent events, over HTTP/1.1 and over HTTP/2)
+// outlives its connection's age until the age's grace, and only then is
+// cut, counted as such; a websocket, handed over from HTTP, is not cut by
+// the age at all.
 #[test]
 fn a_stream_past_its_age_runs_until_the_grace_and_a_websocket_is_not_cut() {
     let grace = Duration::from_secs(3);
@@ -1437,7 +1438,7 @@ fn a_stream_past_its_age_runs_until_the_grace_and_a_websocket_is_not_cut() {
     let addr = server.addr();
     let code = support::binary::create_link(addr, "https://example.com/streamed");
     let runtime = runtime();
-    let (open_for, websocket) = runtime.block_on(async {
+    let (open_for, http2_for, websocket) = runtime.block_on(async {
         use futures_util::{SinkExt, StreamExt};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         use tokio_tungstenite::tungstenite::Message;
@@ -1446,6 +1447,22 @@ fn a_stream_past_its_age_runs_until_the_grace_and_a_websocket_is_not_cut() {
                 .await
                 .expect("websocket handshake");
         let opened = Instant::now();
+        // The same stream over HTTP/2, on a connection opened just after.
+        let mut http2 = h2_client(addr).await;
+        let request = Request::get(format!("http://{addr}/api/links/{code}/events"))
+            .header("accept", "text/event-stream")
+            .body(Empty::new().boxed())
+            .expect("request");
+        let http2_stream = tokio::spawn(async move {
+            let response = http2
+                .send_request(request)
+                .await
+                .expect("the stream's head");
+            let opened = Instant::now();
+            let read = tokio::time::timeout(PATIENCE, response.into_body().collect()).await;
+            assert!(read.is_ok(), "the HTTP/2 stream was never cut");
+            opened.elapsed()
+        });
         let mut sse = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let head = format!(
             "GET /api/links/{code}/events HTTP/1.1\r\nhost: t\r\naccept: text/event-stream\r\n\r\n"
@@ -1470,14 +1487,21 @@ fn a_stream_past_its_age_runs_until_the_grace_and_a_websocket_is_not_cut() {
                 }
             }
         });
-        (open_for, pong.await.expect("an answer to the ping"))
+        let pong = pong.await.expect("an answer to the ping");
+        (open_for, http2_stream.await.expect("HTTP/2 stream"), pong)
     });
+    // Counted from before the stream's connection opened (HTTP/1) and from
+    // its head (HTTP/2): the age and the grace, and at least the grace.
+    assert!(
+        http2_for >= grace,
+        "the HTTP/2 stream cut after {http2_for:?}"
+    );
     assert!(
         open_for >= Duration::from_secs(1) + grace,
         "cut after {open_for:?}"
     );
     assert!(websocket.contains("Pong"), "{websocket}");
-    wait_metric(server.admin(), &closed_for("grace"), |n| n >= 1.0);
+    wait_metric(server.admin(), &closed_for("grace"), |n| n >= 2.0);
     server.assert_serving("a stream past its age");
 }
 

@@ -29,7 +29,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 use tokio::task::block_in_place;
 
-use lameduck_lifecycle::{draw, Draw};
+use lameduck_lifecycle::{draw, spread_moment, Draw, SETTLE};
 use support::binary::{
     self, assert_told_in_order, connect, finish_slow_post, get, read_response, send_create,
     start_slow_post, until_told, wait_for_eof, LameduckProcess, LINK, LINK_SPLIT,
@@ -325,6 +325,8 @@ fn the_gradual_drain_tells_each_connection_at_its_own_moment_of_the_lame_duck() 
             stream
         })
         .collect();
+    // Idle long enough to be closed at their moments, not answered first.
+    std::thread::sleep(SETTLE);
 
     let signalled = Instant::now();
     server.signal(Signal::SIGTERM);
@@ -337,7 +339,7 @@ fn the_gradual_drain_tells_each_connection_at_its_own_moment_of_the_lame_duck() 
         .into_iter()
         .zip(0..N)
         .map(|(client, n)| {
-            let due = window.mul_f64(draw(SEED, n, Draw::Spread));
+            let due = spread_moment(draw(SEED, n, Draw::Spread), window);
             (due, client.join().expect("client"))
         })
         .collect();

@@ -25,7 +25,8 @@ pub const GOAWAY_GRACE: Duration = Duration::from_secs(1);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DrainSpread {
     /// Each connection is told at its own moment, drawn uniformly over the
-    /// lame-duck period: an idle one is closed then, a busy one gets
+    /// lame-duck period but its last second ([`spread_moment`](crate::spread_moment)):
+    /// an idle one is closed then, a busy one gets
     /// `Connection: close` on its next response (HTTP/1) or a GOAWAY
     /// (HTTP/2). Its clients reconnect elsewhere at an even rate instead of
     /// all at once (Envoy's gradual drain, HAProxy's `close-spread-time`).
@@ -37,11 +38,16 @@ pub enum DrainSpread {
     Immediate,
 }
 
-/// How long an idle HTTP/1 connection told to close (its moment in the drain
-/// spread, its age) stays open before the server closes it: a request its
-/// client sends meanwhile is answered with `Connection: close`. Closing it
-/// at once would race a request already on its way, and fail it.
-pub const SETTLE: Duration = Duration::from_millis(100);
+/// How long an HTTP/1 connection told to close (its moment in the drain
+/// spread, its age) must have carried no request before the server closes
+/// it: one idle that long is closed at its moment, one used more recently
+/// is answered with `Connection: close` on its next request, or closed
+/// once idle that long (or at the drain). Closing an idle keep-alive
+/// connection races the request its client may be sending on it right
+/// then; a client that has left a connection unused this long rarely picks
+/// that very moment, where one pausing a few milliseconds between requests
+/// (and stalled by a busy machine) would.
+pub const SETTLE: Duration = Duration::from_secs(1);
 
 /// How connections are served and how the server shuts down; every field
 /// is an operator's choice (see `ServerConfig` for the flags).

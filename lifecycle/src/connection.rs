@@ -248,7 +248,17 @@ impl ConnState {
     /// `timeout`, counting from the first poll or the end of the last
     /// request, whichever is later.
     pub(crate) async fn idle_for(&self, timeout: Duration) {
-        let start = self.now_ms();
+        self.idle_from(self.now_ms(), timeout).await;
+    }
+
+    /// Resolves once this connection has had nothing in flight for
+    /// `timeout` since its last request (or its accept): at once if it
+    /// already has.
+    pub(crate) async fn idle_since_last(&self, timeout: Duration) {
+        self.idle_from(0, timeout).await;
+    }
+
+    async fn idle_from(&self, start: u64, timeout: Duration) {
         let mut at = self.at_ms(start) + timeout;
         loop {
             tokio::time::sleep_until(at).await;

@@ -25,7 +25,7 @@ pub use metrics::LifecycleMetrics;
 #[cfg(feature = "axum")]
 pub use request::NoRequestScope;
 pub use request::{RequestScope, Scoped, ScopedFuture, TrackedBody};
-pub use rotation::{draw, Draw};
+pub use rotation::{draw, spread_moment, Draw};
 pub use serve::{serve, DrainOutcome, DrainReport};
 pub use shutdown::{Force, Phase, Shutdown, Trigger, Watch};
 pub use task::HttpService;

@@ -9,7 +9,7 @@
 use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
-use crate::config::{DrainSpread, ServeConfig};
+use crate::config::{DrainSpread, ServeConfig, SETTLE};
 
 /// What a draw decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +39,18 @@ pub fn draw(seed: u64, connection: u64, what: Draw) -> f64 {
     #[allow(clippy::cast_precision_loss)]
     let fraction = (z >> 11) as f64 / (1u64 << 53) as f64;
     fraction
+}
+
+/// When in a lame duck of `lame_duck` the connection that drew `fraction`
+/// ([`Draw::Spread`]) is told to close, counted from the signal.
+///
+/// The moments are spread evenly over the lame duck but its end: the last
+/// [`SETTLE`] of it (or its second half, if shorter) is left to every
+/// connection told, so that its client's next request — answered with
+/// `Connection: close` — comes before the drain closes what is left.
+pub fn spread_moment(fraction: f64, lame_duck: Duration) -> Duration {
+    let tail = (lame_duck / 2).min(SETTLE);
+    (lame_duck - tail).mul_f64(fraction)
 }
 
 /// A seed nobody chose: what a server uses unless told one.
@@ -73,7 +85,8 @@ impl Plan {
     /// How long after the signal the connection is told, for a lame duck
     /// of `window`.
     pub(crate) fn told_after(&self, window: Duration) -> Duration {
-        self.spread.map_or(Duration::ZERO, |u| window.mul_f64(u))
+        self.spread
+            .map_or(Duration::ZERO, |u| spread_moment(u, window))
     }
 }
 
@@ -126,6 +139,14 @@ mod tests {
         assert!(max < Some(&Duration::from_secs(110)), "{max:?}");
         // The band is used, not one end of it.
         assert!(min < Some(&Duration::from_secs(91)) && max > Some(&Duration::from_secs(109)));
+    }
+
+    #[test]
+    fn the_spread_leaves_the_lame_ducks_last_second_or_half_to_the_told() {
+        let s = Duration::from_secs;
+        assert_eq!(spread_moment(0.5, s(10)), s(9) / 2);
+        assert_eq!(spread_moment(0.5, s(1)), Duration::from_millis(250));
+        assert_eq!(spread_moment(0.999, Duration::ZERO), Duration::ZERO);
     }
 
     #[test]

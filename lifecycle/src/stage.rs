@@ -16,9 +16,9 @@ pub(crate) enum Stage {
     LameDuck,
     /// An HTTP/1 connection told to close (drain spread or age): its next
     /// response says `Connection: close`, and hyper closes it after that;
-    /// if none comes, it is closed once it has been idle a moment. Closing
-    /// an idle keep-alive connection at once would race the request its
-    /// client may be sending on it right then, and fail that request.
+    /// if none comes, it is closed once it has been idle for `SETTLE`
+    /// (at once if it already has). Closing a keep-alive connection just
+    /// used would race the request its client may be sending on it.
     Telling,
     /// The drain began before the connection carried a request: it may still
     /// deliver its first one (hyper would drop it while detecting the

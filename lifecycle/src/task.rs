@@ -164,7 +164,7 @@ impl<S: HttpService> Connections<S> {
         let mut idle = pin!(conn.idle_for(config.idle_timeout));
         let mut overdue = pin!(conn.overdue(config.header_read_timeout, config.send_timeout));
         let mut lingered = pin!(conn.idle_for(GOAWAY_GRACE));
-        let mut settled = pin!(conn.idle_for(SETTLE));
+        let mut settled = pin!(conn.idle_since_last(SETTLE));
         let mut spread_due = pin!(spread_due(shutdown, &plan, config.drain_delay));
         let age = plan
             .age

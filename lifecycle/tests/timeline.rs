@@ -13,8 +13,8 @@ use hyper::{Request, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use lameduck_lifecycle::metrics::CloseReason;
 use lameduck_lifecycle::{
-    draw, serve, DrainOutcome, DrainReport, DrainSpread, Draw, Force, RequestScope, ServeConfig,
-    Shutdown, Trigger, Watch, SETTLE,
+    draw, serve, spread_moment, DrainOutcome, DrainReport, DrainSpread, Draw, Force, RequestScope,
+    ServeConfig, Shutdown, Trigger, Watch, SETTLE,
 };
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Notify};
@@ -567,13 +567,16 @@ async fn probe(connection: &mut Sender) -> Seen {
 }
 
 /// Steps through `span` in `steps`, checking at each that the connections
-/// whose moment (`dues`, from `start`) has come are told to close — closed
-/// if they have been idle `SETTLE` since — and the others served as usual.
+/// whose moment (`dues`, from `start`) has come have been told to close,
+/// and the others not. Even-numbered connections stay idle after `opened`:
+/// each is closed at its moment, or once idle `SETTLE` if that is later,
+/// and not before. Odd ones ask at every step: served as usual before
+/// their moment, answered with `Connection: close` at the first step after.
 /// How many had been told at each step.
-async fn check_closed_at_their_moments(
+async fn check_told_at_their_moments(
     connections: &mut [Sender],
     dues: &[Duration],
-    start: tokio::time::Instant,
+    (opened, start): (tokio::time::Instant, tokio::time::Instant),
     span: Duration,
     steps: u32,
 ) -> Vec<usize> {
@@ -587,19 +590,26 @@ async fn check_closed_at_their_moments(
                 continue;
             }
             let due = start + dues[n];
-            let expected = if at < due {
-                Seen::Open
-            } else if at < due + SETTLE {
-                Seen::Told
+            let seen = if n % 2 == 0 {
+                let closed = std::future::poll_fn(|cx| connection.poll_ready(cx))
+                    .await
+                    .is_err();
+                assert_eq!(
+                    closed,
+                    at >= due.max(opened + SETTLE),
+                    "idle connection {n} at {step}/{steps}"
+                );
+                closed
             } else {
-                Seen::Closed
+                let expected = if at < due { Seen::Open } else { Seen::Told };
+                assert_eq!(
+                    probe(connection).await,
+                    expected,
+                    "connection {n} at {step}/{steps}"
+                );
+                expected == Seen::Told
             };
-            assert_eq!(
-                probe(connection).await,
-                expected,
-                "connection {n} at {step}/{steps}"
-            );
-            done[n] = expected != Seen::Open;
+            done[n] = seen;
         }
         counts.push(done.iter().filter(|&&d| d).count());
     }
@@ -622,15 +632,16 @@ async fn a_gradual_drain_closes_each_idle_connection_at_its_drawn_moment() {
         ..ServeConfig::default()
     })
     .await;
+    let opened = tokio::time::Instant::now();
     let mut connections = numbered(harness.addr, N).await;
     let dues: Vec<Duration> = (0..N as u64)
-        .map(|n| window.mul_f64(draw(SEED, n, Draw::Spread)))
+        .map(|n| spread_moment(draw(SEED, n, Draw::Spread), window))
         .collect();
 
     let signalled = tokio::time::Instant::now();
     harness.trigger.trigger("test");
     let counts =
-        check_closed_at_their_moments(&mut connections, &dues, signalled, window, 20).await;
+        check_told_at_their_moments(&mut connections, &dues, (opened, signalled), window, 20).await;
     // Few at the start, all by the end, and growing in between.
     assert!(counts[0] <= 2 && counts[19] == N, "{counts:?}");
     assert!(counts.windows(2).all(|w| w[0] <= w[1]) && counts[9] > 2 && counts[9] < N - 2);
@@ -666,7 +677,7 @@ async fn a_connection_busy_at_its_moment_finishes_its_request_and_is_told_to_clo
     tokio::spawn(connection);
     let first = http2.send_request(get_request("/ok")).await.expect("h2");
     assert_eq!(first.status(), StatusCode::OK);
-    let due = |n| window.mul_f64(draw(SEED, n, Draw::Spread));
+    let due = |n| spread_moment(draw(SEED, n, Draw::Spread), window);
     let (http1_due, http2_due) = (due(0), due(1));
 
     let held = tokio::spawn(http1.send_request(get_request("/hold")));
@@ -727,7 +738,8 @@ async fn connections_close_at_their_drawn_age_and_a_stream_at_the_end_of_its_gra
         .all(|a| *a >= age * 8 / 10 && *a < age * 12 / 10));
 
     let counts =
-        check_closed_at_their_moments(&mut connections, &ages, opened, age * 12 / 10, 24).await;
+        check_told_at_their_moments(&mut connections, &ages, (opened, opened), age * 12 / 10, 24)
+            .await;
     assert_eq!((counts[0], counts[23]), (0, N), "{counts:?}");
 
     // The stream (connection N) outlives its age and stays until its grace.

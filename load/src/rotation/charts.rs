@@ -18,14 +18,17 @@ fn percent(share: f64) -> String {
 pub(super) fn storm(runs: &[StormResult]) -> Vec<Chart> {
     let x_max = runs.iter().map(|r| r.traffic_s).fold(1.0, f64::max);
     #[allow(clippy::cast_precision_loss)]
-    let peak = runs
-        .iter()
-        .flat_map(|r| series::total(&r.new_per_100ms))
-        .max()
-        .unwrap_or(1) as f64;
-    // The first second's handshakes would flatten the rest.
+    // The clients' first connections, and the first second's latency,
+    // would flatten the rest: the axes are set from after the warm-up,
+    // and the warm-up runs off the top.
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let warm = WARMUP.as_secs() as usize;
+    let warm_ticks = warm * series::ticks_per_second();
+    let peak = runs
+        .iter()
+        .flat_map(|r| series::total(&r.new_per_100ms).into_iter().skip(warm_ticks))
+        .max()
+        .unwrap_or(1) as f64;
     let p99_top = runs
         .iter()
         .flat_map(|r| r.p99_ms_per_second.iter().skip(warm))
@@ -42,7 +45,9 @@ pub(super) fn storm(runs: &[StormResult]) -> Vec<Chart> {
                 r.requests.failed()
             ),
             x_max,
-            left_label: "new connections per 100 ms (each replica's accepted count)".to_owned(),
+            left_label: "new connections per 100 ms (each replica's accepted count; \
+                         the clients' first connections run off the top)"
+                .to_owned(),
             left_max: svg::axis_top(peak),
             percent: false,
             right_axis: Some(("p99 latency per second, ms".to_owned(), svg::axis_top(p99_top))),

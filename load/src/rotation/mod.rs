@@ -100,7 +100,7 @@ pub struct Options {
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=5000))]
     pub clients: u32,
     /// Requests per second of the storm, all its clients together.
-    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=20_000))]
+    #[arg(long, default_value_t = 4000, value_parser = clap::value_parser!(u32).range(1..=20_000))]
     pub rate: u32,
     /// The replicas' lame-duck period (`--drain-delay`); must outlast the
     /// balancer's lag.

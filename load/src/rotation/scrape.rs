@@ -58,7 +58,8 @@ impl Scraper {
         Scraper { stop, task }
     }
 
-    /// Stops reading; returns every reading taken, in tick order.
+    /// Takes one last reading (if the replica still answers) and stops;
+    /// returns every reading taken, in tick order.
     pub(super) async fn finish(self) -> Vec<Reading> {
         let _ = self.stop.send(true);
         self.task.await.unwrap_or_default()
@@ -83,14 +84,21 @@ async fn read_until(
     let mut conn = None;
     let mut readings = Vec::new();
     loop {
-        let at = tokio::select! {
-            at = ticker.tick() => at,
-            _ = stop.changed() => break,
+        let (at, last) = tokio::select! {
+            at = ticker.tick() => (at, false),
+            _ = stop.changed() => (Instant::now(), true),
         };
+        // The last reading is of the moment it was asked for: what the
+        // replica counted since the last tick is not lost (a replica that
+        // has exited does not answer, and its last tick stands).
         let tick = (at.duration_since(origin).as_nanos() + TICK.as_nanos() / 2) / TICK.as_nanos();
+        let tick = u64::try_from(tick).unwrap_or(u64::MAX);
         if let Some(mut reading) = read(admin, &mut conn).await {
-            reading.tick = u64::try_from(tick).unwrap_or(u64::MAX);
+            reading.tick = tick.max(readings.last().map_or(0, |r: &Reading| r.tick));
             readings.push(reading);
+        }
+        if last {
+            break;
         }
     }
     readings

@@ -79,6 +79,12 @@ pub struct StormResult {
     /// Latency of requests answered, due in a replacement's window (SIGTERM
     /// to the tail after the exit).
     pub latency_replacing: Latency,
+    /// The worst p99 of a whole second after the warm-up and outside every
+    /// replacement, ms: the window-wide p99s dilute a storm of a second
+    /// over the seconds of a drain.
+    pub p99_worst_second_steady_ms: f64,
+    /// The worst p99 of a whole second that overlaps a replacement window.
+    pub p99_worst_second_replacing_ms: f64,
     /// The most new connections the fleet accepted in one 100 ms during a
     /// replacement window.
     pub peak_new_per_100ms: u64,
@@ -277,6 +283,7 @@ fn summarize(
         .unwrap_or(0);
     let (requests, retried, steady, replacing) = tally(records, &windows);
     let [p50, p99, max] = series::latency_per_second(records);
+    let (p99_worst_second_steady_ms, p99_worst_second_replacing_ms) = worst_seconds(&p99, &windows);
     StormResult {
         spread: run.spread,
         round: run.round,
@@ -286,6 +293,8 @@ fn summarize(
         handshakes: run.handshakes,
         latency_steady: Latency::of(&steady),
         latency_replacing: Latency::of(&replacing),
+        p99_worst_second_steady_ms,
+        p99_worst_second_replacing_ms,
         peak_new_per_100ms: replacements
             .iter()
             .map(|r| r.peak_new_per_100ms)
@@ -304,6 +313,24 @@ fn summarize(
         marks: series::marks(run.origin, &stopped.marks),
         replacements,
     }
+}
+
+/// The worst p99 of a second, steady (after the warm-up, clear of every
+/// replacement) and replacing (overlapping a SIGTERM-to-tail window).
+fn worst_seconds(p99_per_second: &[f64], windows: &[Window]) -> (f64, f64) {
+    let (mut steady, mut replacing) = (0.0_f64, 0.0_f64);
+    for (second, p99) in p99_per_second.iter().enumerate() {
+        #[allow(clippy::cast_precision_loss)]
+        let (from, to) = (second as f64, second as f64 + 1.0);
+        if windows.iter().any(|w| from < w.end && to > w.sigterm) {
+            replacing = replacing.max(*p99);
+        } else if from >= WARMUP.as_secs_f64()
+            && !windows.iter().any(|w| from < w.end && to > w.start)
+        {
+            steady = steady.max(*p99);
+        }
+    }
+    (steady, replacing)
 }
 
 /// A replacement's figures, its reconnect peak read from the fleet's new

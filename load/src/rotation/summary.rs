@@ -204,6 +204,16 @@ fn storm_time_rows() -> Vec<Row<'static, StormResult>> {
             Box::new(|r: &StormResult| r.latency_replacing.cell()),
         ),
         (
+            "worst second's p99, steady / replacing (ms)",
+            Box::new(|r: &StormResult| {
+                format!(
+                    "{} / {}",
+                    report::fmt_ms(r.p99_worst_second_steady_ms),
+                    report::fmt_ms(r.p99_worst_second_replacing_ms)
+                )
+            }),
+        ),
+        (
             "**p99 replacing / steady**",
             Box::new(|r: &StormResult| format!("**{:.2}×**", r.p99_ratio())),
         ),

@@ -158,6 +158,7 @@ impl App {
     ) -> Result<App, StartupError> {
         let mut registry = Registry::with_prefix(crate::CRATE_NAME);
         LifecycleCollector::register(lifecycle.watch().metrics(), &mut registry);
+        crate::telemetry::TracesCollector::register(&mut registry);
         let http_metrics = HttpMetrics::default();
         http_metrics.register(&mut registry);
         let storage_metrics = StorageMetrics::default();

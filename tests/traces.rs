@@ -862,6 +862,64 @@ fn assert_dropped_within_budget(server: &mut LameduckProcess) {
     assert!(dropped >= 7, "{warning}");
 }
 
+/// A collector down while the service runs, then up: one warning when the
+/// exports start failing, one line when they succeed again with the count
+/// of spans dropped meanwhile — the same count as the metric — and never
+/// the SDK's error for each batch refused.
+fn collector_down_then_up(protocol: Protocol) {
+    let endpoint = otlp::unused_endpoint();
+    // Batches every 100 ms (`otlp::envs`), so that a few fail meanwhile.
+    let envs = otlp::envs(protocol, &endpoint);
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut server = LameduckProcess::start(&[], &envs);
+    let (addr, admin) = (server.addr(), server.admin_addr());
+    let refused_total = "lameduck_traces_spans_refused_total";
+    for round in 0..5 {
+        binary::create_link(addr, &format!("https://example.com/down/{round}"));
+        thread::sleep(Duration::from_millis(150));
+    }
+    assert!(
+        server.wait_for_log("trace export failing", PATIENCE),
+        "{}",
+        server.log_text()
+    );
+    binary::wait_metric(admin, refused_total, |n| n >= 5.0);
+
+    let at = endpoint.trim_start_matches("http://");
+    let collector = Receiver::start_on(protocol, Behaviour::Answer, at);
+    binary::create_link(addr, "https://example.com/up");
+    let recovered = server.expect_log("trace export recovered", PATIENCE);
+    // One outage since the start: what it dropped is all the metric counts.
+    let refused = binary::metric(&binary::metrics(admin), refused_total);
+    let refused = refused.expect("the metric") as u64;
+    assert!(
+        recovered.contains(&format!("spans_dropped={refused}")),
+        "{refused} refused: {recovered}"
+    );
+    let received = collector.wait_for(PATIENCE, |spans| !spans.is_empty());
+    assert!(!received.is_empty(), "nothing exported after the recovery");
+
+    server.signal(SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+    let logs = server.log_text();
+    let failing = logs.matches("trace export failing").count();
+    assert_eq!(failing, 1, "{logs}");
+    assert!(
+        !logs.contains("ExportError") && !logs.contains(" ERROR "),
+        "{logs}"
+    );
+}
+
+#[test]
+fn grpc_collector_down_then_up_logs_once_each_way_and_counts_the_dropped() {
+    collector_down_then_up(Protocol::Grpc);
+}
+
+#[test]
+fn http_collector_down_then_up_logs_once_each_way_and_counts_the_dropped() {
+    collector_down_then_up(Protocol::HttpProtobuf);
+}
+
 /// A collector that is down at shutdown costs at most the flush's budget.
 fn collector_down(protocol: Protocol) {
     let mut server = start_traced(protocol, &otlp::unused_endpoint(), &[]);

@@ -60,7 +60,7 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
         (Some(traces), LogFormat::Text) => {
             let logs = text_layer()
                 .fmt_fields(traces::fields::TextFields)
-                .with_filter(filter);
+                .with_filter(filter.and(traces::logged()));
             let registry = tracing_subscriber::registry().with(logs);
             registry
                 .with(traces.layer().with_filter(exported()))
@@ -71,10 +71,41 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
                 .json()
                 .flatten_event(true)
                 .fmt_fields(traces::fields::JsonFields);
-            let registry = tracing_subscriber::registry().with(json.with_filter(filter));
+            let registry =
+                tracing_subscriber::registry().with(json.with_filter(filter.and(traces::logged())));
             registry
                 .with(traces.layer().with_filter(exported()))
                 .try_init()
         }
     };
+}
+
+/// The traces' series (`lameduck_traces_spans_refused_total`): read at
+/// scrape time, zero while traces are off.
+#[derive(Debug)]
+pub struct TracesCollector;
+
+impl TracesCollector {
+    /// Registers the series under `registry`.
+    pub fn register(registry: &mut prometheus_client::registry::Registry) {
+        registry.register_collector(Box::new(TracesCollector));
+    }
+}
+
+impl prometheus_client::collector::Collector for TracesCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric;
+        let refused =
+            prometheus_client::metrics::counter::ConstCounter::new(traces::spans_refused());
+        let metric = encoder.encode_descriptor(
+            "traces_spans_refused",
+            "Spans in batches the trace collector refused (down, unreachable or failing): dropped",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        refused.encode(metric)
+    }
 }

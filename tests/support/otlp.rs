@@ -172,7 +172,13 @@ pub struct Receiver {
 impl Receiver {
     /// Starts a receiver speaking `protocol` on `127.0.0.1:0`.
     pub fn start(protocol: Protocol, behaviour: Behaviour) -> Receiver {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the receiver's listener");
+        Receiver::start_on(protocol, behaviour, "127.0.0.1:0")
+    }
+
+    /// Starts a receiver on `addr`: a collector coming up where the
+    /// service was told it is ([`unused_endpoint`]'s address).
+    pub fn start_on(protocol: Protocol, behaviour: Behaviour, addr: &str) -> Receiver {
+        let listener = TcpListener::bind(addr).expect("bind the receiver's listener");
         let addr = listener
             .local_addr()
             .expect("a bound listener has an address");

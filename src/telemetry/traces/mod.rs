@@ -50,10 +50,18 @@ use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
+pub use count::spans_refused;
 use count::{Counted, Counts};
 use lameduck_lifecycle::{BoxError, LOG_TARGET};
 pub use parent::parent_context;
 pub use server::ServerSpan;
+
+/// What the logs leave out with traces on: the SDK's error for each batch
+/// the collector refused, since the exporter says once when exports start
+/// failing and once when they succeed again.
+pub fn logged<S>() -> impl tracing_subscriber::layer::Filter<S> {
+    tracing_subscriber::filter::filter_fn(|metadata| !count::is_per_batch_error(metadata))
+}
 
 /// How long the last finalizer may take to export the spans still in the
 /// batch, the final flush's among them. Counted in

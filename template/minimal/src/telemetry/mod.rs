@@ -13,6 +13,7 @@ pub(crate) mod traces;
 
 use std::io::IsTerminal;
 
+use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
@@ -42,7 +43,7 @@ pub(crate) fn init(format: LogFormat, traces: Option<&Traces>) {
     let _ = match format {
         LogFormat::Text => {
             let text = logs.fmt_fields(traces::fields::TextFields);
-            let registry = tracing_subscriber::registry().with(text.with_filter(filter));
+            let registry = tracing_subscriber::registry().with(text.with_filter(filter.and(traces::logged())));
             registry.with(traces.layer().with_filter(Traces::FILTER)).try_init()
         }
         LogFormat::Json => {
@@ -50,7 +51,7 @@ pub(crate) fn init(format: LogFormat, traces: Option<&Traces>) {
                 .json()
                 .flatten_event(true)
                 .fmt_fields(traces::fields::JsonFields);
-            let registry = tracing_subscriber::registry().with(json.with_filter(filter));
+            let registry = tracing_subscriber::registry().with(json.with_filter(filter.and(traces::logged())));
             registry.with(traces.layer().with_filter(Traces::FILTER)).try_init()
         }
     };

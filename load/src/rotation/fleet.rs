@@ -14,7 +14,7 @@ use anyhow::{bail, Context};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
-use super::scrape::{Reading, Scraper};
+use super::scrape::{self, Reading, Scraper};
 use crate::haproxy::{self, Checks, Haproxy};
 use crate::raw;
 use crate::replica::{Ended, Replica, Spec};
@@ -30,6 +30,10 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long the balancer may take to see a ready replica as UP.
 const LB_UP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a replica may take, once the clients are gone, to have seen
+/// every one of their connections close (through the balancer).
+const CLOSES_SEEN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One replica in the balancer.
 #[derive(Debug)]
@@ -248,21 +252,32 @@ impl Fleet {
         })
     }
 
-    /// SIGTERMs every replica left, all at once (no traffic is left to
-    /// drain), waits for each within `bound`, and stops the balancer.
+    /// Takes every replica's last reading once it has seen its clients go,
+    /// then SIGTERMs them all at once (no traffic is left to drain), waits
+    /// for each within `bound`, and stops the balancer.
     ///
     /// # Errors
     /// If a replica cannot be signalled.
     pub(super) async fn stop(mut self, bound: Duration) -> anyhow::Result<Stopped> {
+        // The clients are gone: once each replica has seen them go, a last
+        // reading counts every close, and nothing moves after it.
+        for member in &mut self.members {
+            scrape::wait_closed(member.admin, CLOSES_SEEN_TIMEOUT).await;
+            let name = member.process.name.clone();
+            let scraper = member.scraper.take();
+            if let Some(scraper) = scraper {
+                self.traces.push(Trace {
+                    name,
+                    readings: scraper.finish().await,
+                });
+            }
+        }
         let sigterm = Instant::now();
         for member in &self.members {
             member.process.signal(Signal::SIGTERM)?;
         }
         let mut exits = Vec::new();
         while let Some(mut member) = self.members.pop_front() {
-            let name = member.process.name.clone();
-            // Nothing moves any more: the counters can stop first.
-            self.keep_trace(&name, member.scraper.take()).await;
             exits.push(member.process.wait_exit(sigterm, bound).await);
         }
         self.lb.stop().await;

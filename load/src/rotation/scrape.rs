@@ -40,6 +40,8 @@ pub(super) struct Reading {
     pub(super) redirects: u64,
     /// `connections_closed_total{by,reason}`, keyed `by/reason`.
     pub(super) closed: BTreeMap<String, u64>,
+    /// `connections_open`, every protocol.
+    pub(super) open: u64,
 }
 
 /// A running reader of one replica's counters.
@@ -104,6 +106,20 @@ async fn read_until(
     readings
 }
 
+/// Waits until the replica at `admin` has no connection open (its clients
+/// are gone and it has seen them go), at most `bound`, so that a last
+/// reading counts every close.
+pub(super) async fn wait_closed(admin: SocketAddr, bound: Duration) {
+    let deadline = Instant::now() + bound;
+    let mut conn = None;
+    while Instant::now() < deadline {
+        if read(admin, &mut conn).await.is_some_and(|r| r.open == 0) {
+            return;
+        }
+        tokio::time::sleep(TICK / 4).await;
+    }
+}
+
 /// One `/metrics` on `conn` (opened if needed), parsed; `None` if it did
 /// not answer within [`READ_TIMEOUT`] (the next tick tries again).
 async fn read(admin: SocketAddr, conn: &mut Option<RawConn>) -> Option<Reading> {
@@ -135,6 +151,7 @@ pub(super) fn parse(text: &str) -> Reading {
     let accepted = metric("connections_accepted_total");
     let requests = metric("http_requests_total");
     let closed = metric("connections_closed_total");
+    let open = metric("connections_open");
     let mut reading = Reading::default();
     for line in text.lines().filter(|line| !line.starts_with('#')) {
         let Some((series, value)) = line.rsplit_once(' ') else {
@@ -149,6 +166,8 @@ pub(super) fn parse(text: &str) -> Reading {
             reading.accepted = value;
         } else if name == requests && label(labels, "status") == Some("3xx") {
             reading.redirects += value;
+        } else if name == open {
+            reading.open += value;
         } else if name == closed {
             let by = label(labels, "by").unwrap_or("?");
             let reason = label(labels, "reason").unwrap_or("?");
@@ -181,6 +200,8 @@ mod tests {
              {p}_http_requests_total{{route=\"/api/links\",status=\"2xx\"}} 7\n\
              {p}_connections_closed_total{{by=\"server\",reason=\"drain\"}} 30\n\
              {p}_connections_closed_total{{by=\"client\",reason=\"client\"}} 2\n\
+             {p}_connections_open{{protocol=\"http1\"}} 3\n\
+             {p}_connections_open{{protocol=\"http2\"}} 1\n\
              # EOF\n",
             p = lameduck::CRATE_NAME
         );
@@ -189,5 +210,6 @@ mod tests {
         assert_eq!(reading.redirects, 500);
         assert_eq!(reading.closed.get("server/drain"), Some(&30));
         assert_eq!(reading.closed.get("client/client"), Some(&2));
+        assert_eq!(reading.open, 4);
     }
 }

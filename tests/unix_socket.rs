@@ -88,7 +88,15 @@ fn a_unix_socket_serves_the_whole_timeline_and_is_removed_at_exit() {
         dir.path(),
         &public,
         &admin_arg,
-        &["--unix-socket-mode", "600", "--drain-delay", "1s"],
+        // Immediate: the answer in flight through the lame duck says close.
+        &[
+            "--unix-socket-mode",
+            "600",
+            "--drain-delay",
+            "1s",
+            "--drain-spread",
+            "immediate",
+        ],
     );
     server.expect_log(
         &format!("admin endpoints on unix:{}", admin.display()),

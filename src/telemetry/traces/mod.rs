@@ -7,8 +7,10 @@
 //! itself: `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`,
 //! `OTEL_EXPORTER_OTLP_HEADERS`, `…_TIMEOUT` and `…_COMPRESSION`,
 //! `OTEL_TRACES_SAMPLER` and its argument, the batch processor's
-//! `OTEL_BSP_*`. Off, nothing here runs: no exporter, no thread, and a
-//! request's span stays as it was (in the full example, the lazy one of
+//! `OTEL_BSP_*`. It leaves out `OTEL_EXPORTER_OTLP_CERTIFICATE` (and its
+//! traces' form), which `tls` reads to give both transports their roots.
+//! Off, nothing here runs: no exporter, no thread, and a request's span
+//! stays as it was (in the full example, the lazy one of
 //! `telemetry::request_span`).
 //!
 //! One source for both variants of the template: the minimal service gets
@@ -33,6 +35,7 @@ pub mod fields;
 pub mod open;
 mod parent;
 pub mod server;
+mod tls;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -42,7 +45,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::KeyValue;
-use opentelemetry_otlp::{SpanExporter, WithExportConfig};
+use opentelemetry_otlp::{SpanExporter, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 use tracing::Subscriber;
@@ -50,17 +53,28 @@ use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
+// The minimal service, which has this directory as its own, exports no
+// metric of it: unused there.
+#[allow(unused_imports)]
 pub use count::spans_refused;
 use count::{Counted, Counts};
 use lameduck_lifecycle::{BoxError, LOG_TARGET};
 pub use parent::parent_context;
 pub use server::ServerSpan;
+pub use tls::CertificateError;
+use tls::ExtraRoots;
 
-/// What the logs leave out with traces on: the SDK's error for each batch
-/// the collector refused, since the exporter says once when exports start
-/// failing and once when they succeed again.
+/// What the logs leave out with traces on, since the exporter says once
+/// when exports start failing and once when they succeed again: the SDK's
+/// error and its warning that the retries are exhausted, for each batch the
+/// collector refused, and the HTTP client's error for each certificate it
+/// refused after the first (`tls::RefusalsOnce`).
 pub fn logged<S>() -> impl tracing_subscriber::layer::Filter<S> {
-    tracing_subscriber::filter::filter_fn(|metadata| !count::is_per_batch_error(metadata))
+    use tracing_subscriber::filter::{filter_fn, FilterExt};
+    let per_batch = filter_fn(|metadata| {
+        !count::is_per_batch_error(metadata) && metadata.name() != "Export.Failed.Exhausted"
+    });
+    per_batch.and(tls::RefusalsOnce)
 }
 
 /// How long the last finalizer may take to export the spans still in the
@@ -189,14 +203,23 @@ impl OtlpConfig {
     }
 }
 
-/// The trace exporter could not be made (an endpoint the exporter refuses,
-/// an invalid header): a configuration error, exit code 2.
+/// The trace exporter could not be made: a configuration error, exit code 2.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot export traces to {url}: {source}")]
-pub struct TracesError {
-    url: String,
-    #[source]
-    source: opentelemetry_otlp::ExporterBuildError,
+pub enum TracesError {
+    /// The exporter refused its settings (an endpoint it cannot use, an
+    /// invalid header), or its HTTP client could not be built.
+    #[error("cannot export traces to {url}: {source}")]
+    Exporter {
+        /// Where the traces were to go.
+        url: String,
+        /// What the exporter said.
+        #[source]
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE` (or the traces' own) names a file
+    /// that is no CA certificate.
+    #[error(transparent)]
+    Certificate(#[from] CertificateError),
 }
 
 /// The running trace pipeline: the SDK's provider, and the count of spans
@@ -215,34 +238,44 @@ impl Traces {
     /// lives on it.
     ///
     /// # Errors
-    /// [`TracesError`] if the exporter cannot be made.
+    /// [`TracesError`] if the exporter cannot be made, or the CA
+    /// certificates named cannot be read.
     pub fn start(config: &OtlpConfig) -> Result<Option<Traces>, TracesError> {
         let protocol = config.protocol();
         let Some(url) = config.traces_url() else {
             return Ok(None);
         };
+        // Read whatever the endpoint's scheme: a file named is meant to be
+        // used, and a wrong one is better found before the collector moves
+        // to `https://`.
+        let extra = ExtraRoots::from_env()?;
+        let refused = |source| TracesError::Exporter {
+            url: url.clone(),
+            source,
+        };
         let exporter = match protocol {
             OtlpProtocol::Grpc => SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(&url)
+                .with_tls_config(tls::grpc(extra.as_ref()))
                 .build(),
             OtlpProtocol::HttpProtobuf => {
                 // The HTTP client's TLS: rustls, with the provider the
                 // service's own TLS uses.
                 let _ = rustls::crypto::ring::default_provider().install_default();
+                let client = tls::http_client(extra.as_ref()).map_err(refused)?;
                 SpanExporter::builder()
                     .with_http()
+                    .with_http_client(client)
                     .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                     .with_endpoint(&url)
                     .build()
             }
         };
-        let exporter = exporter.map_err(|source| TracesError {
-            url: url.clone(),
-            source,
-        })?;
+        let exporter = exporter.map_err(refused)?;
         let counts = Arc::new(Counts::default());
-        let batch = BatchSpanProcessor::builder(Counted::exporter(exporter, &counts)).build();
+        let exporter = Counted::exporter(tls::Retold(exporter), &counts);
+        let batch = BatchSpanProcessor::builder(exporter).build();
         let provider = SdkTracerProvider::builder()
             .with_span_processor(Counted::processor(batch, &counts))
             .with_resource(resource())

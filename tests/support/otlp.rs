@@ -12,7 +12,13 @@
 //! What arrives is decoded into plain values ([`ReceivedSpan`]), so a test
 //! asserts on names, ids, kinds, statuses and attributes, never on prost
 //! types. [`Behaviour::Slow`] makes a collector that holds every export;
-//! [`unused_endpoint`] is one that is down.
+//! [`unused_endpoint`] is one that is down; [`Receiver::start_tls`] one at
+//! an `https://` endpoint, its certificate signed by a test CA.
+//!
+//! Both transports are one axum router (the gRPC service is a tower service
+//! inside it) served connection by connection by hyper-util's auto builder:
+//! HTTP/1.1 or HTTP/2 by ALPN over TLS, by the client's preface in
+//! cleartext (gRPC's HTTP/2 with prior knowledge).
 //!
 //! Every wait here is bounded.
 
@@ -30,6 +36,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode as HttpStatus};
 use axum::response::{IntoResponse, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -39,8 +47,13 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
 use prost::Message;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::Value;
 use tokio::sync::oneshot;
+use tokio_rustls::TlsAcceptor;
+
+use super::tls::TestCa;
 
 /// The only body OTLP/HTTP requests here may carry (OTLP/JSON is refused).
 const PROTOBUF: &str = "application/x-protobuf";
@@ -51,7 +64,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// The OTLP transports, as `OTEL_EXPORTER_OTLP_PROTOCOL` names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
-    /// OTLP/gRPC (HTTP/2, cleartext here).
+    /// OTLP/gRPC (HTTP/2).
     Grpc,
     /// OTLP/HTTP with protobuf bodies, `POST /v1/traces`.
     HttpProtobuf,
@@ -164,6 +177,8 @@ pub fn unused_endpoint() -> String {
 pub struct Receiver {
     protocol: Protocol,
     addr: SocketAddr,
+    /// Whether it serves TLS: its endpoint is `https://`.
+    tls: bool,
     shared: Arc<Shared>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
@@ -178,6 +193,36 @@ impl Receiver {
     /// Starts a receiver on `addr`: a collector coming up where the
     /// service was told it is ([`unused_endpoint`]'s address).
     pub fn start_on(protocol: Protocol, behaviour: Behaviour, addr: &str) -> Receiver {
+        Receiver::start_with(protocol, behaviour, addr, None)
+    }
+
+    /// Starts a receiver on `127.0.0.1:0` that serves TLS only, with a
+    /// certificate `ca` signed for `localhost` and `127.0.0.1`, offering
+    /// HTTP/2 and HTTP/1.1 by ALPN (tonic's client insists on `h2`).
+    pub fn start_tls(protocol: Protocol, behaviour: Behaviour, ca: &TestCa) -> Receiver {
+        let leaf = ca.leaf(1);
+        let chain = CertificateDer::pem_slice_iter(leaf.cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .expect("the leaf's certificate");
+        let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).expect("the leaf's key");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .expect("the receiver's certificate");
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        Receiver::start_with(protocol, behaviour, "127.0.0.1:0", Some(acceptor))
+    }
+
+    fn start_with(
+        protocol: Protocol,
+        behaviour: Behaviour,
+        addr: &str,
+        tls: Option<TlsAcceptor>,
+    ) -> Receiver {
         let listener = TcpListener::bind(addr).expect("bind the receiver's listener");
         let addr = listener
             .local_addr()
@@ -196,10 +241,11 @@ impl Receiver {
             behaviour,
         };
         let (stop, stopped) = oneshot::channel();
+        let https = tls.is_some();
         let serve = move || {
             runtime.block_on(async move {
                 tokio::select! {
-                    served = serve(listener, protocol, sink) => if let Err(e) = served {
+                    served = serve(listener, protocol, sink, tls) => if let Err(e) = served {
                         eprintln!("the OTLP receiver on {addr} failed: {e}");
                     },
                     _ = stopped => {}
@@ -215,6 +261,7 @@ impl Receiver {
         Receiver {
             protocol,
             addr,
+            tls: https,
             shared,
             stop: Some(stop),
             thread: Some(thread),
@@ -226,9 +273,11 @@ impl Receiver {
         self.addr
     }
 
-    /// `http://127.0.0.1:PORT`, the value of `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    /// `http://127.0.0.1:PORT` (`https://` with TLS), the value of
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// What to give an exporter's `with_endpoint`. The SDK's HTTP exporter
@@ -259,6 +308,12 @@ impl Receiver {
     /// Export requests that arrived and decoded, answered or not.
     pub fn requests(&self) -> usize {
         self.shared.lock().requests
+    }
+
+    /// Why each TLS handshake that failed did, in order: a client that does
+    /// not trust the certificate ends it with an alert.
+    pub fn handshake_failures(&self) -> Vec<String> {
+        self.shared.lock().handshake_failures.clone()
     }
 
     /// The headers (gRPC: metadata) of each export request that arrived, in
@@ -314,20 +369,45 @@ impl Drop for Receiver {
     }
 }
 
-async fn serve(listener: TcpListener, protocol: Protocol, sink: Sink) -> Result<(), String> {
+/// Accepts until the runtime stops, each connection served on a task of
+/// its own, behind a TLS handshake when `tls` says so.
+async fn serve(
+    listener: TcpListener,
+    protocol: Protocol,
+    sink: Sink,
+    tls: Option<TlsAcceptor>,
+) -> Result<(), String> {
     let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
-    match protocol {
-        Protocol::Grpc => tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(sink))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-            .await
-            .map_err(|e| e.to_string()),
-        Protocol::HttpProtobuf => {
-            let app = axum::Router::new()
-                .route("/v1/traces", axum::routing::post(http_export))
-                .with_state(sink);
-            axum::serve(listener, app).await.map_err(|e| e.to_string())
+    let shared = Arc::clone(&sink.shared);
+    let app = match protocol {
+        Protocol::Grpc => {
+            tonic::service::Routes::new(TraceServiceServer::new(sink)).into_axum_router()
         }
+        Protocol::HttpProtobuf => axum::Router::new()
+            .route("/v1/traces", axum::routing::post(http_export))
+            .with_state(sink),
+    };
+    loop {
+        let (tcp, _) = listener.accept().await.map_err(|e| e.to_string())?;
+        let service = TowerToHyperService::new(app.clone());
+        let tls = tls.clone();
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // A connection's end, the client's or an error, is no concern
+            // of the test: what arrived is recorded.
+            let _ = match tls {
+                None => builder.serve_connection(TokioIo::new(tcp), service).await,
+                Some(tls) => match tls.accept(tcp).await {
+                    Ok(tls) => builder.serve_connection(TokioIo::new(tls), service).await,
+                    Err(error) => {
+                        shared.lock().handshake_failures.push(error.to_string());
+                        shared.grew.notify_all();
+                        return;
+                    }
+                },
+            };
+        });
     }
 }
 
@@ -345,6 +425,7 @@ struct Collected {
     requests: usize,
     headers: Vec<BTreeMap<String, String>>,
     exports: usize,
+    handshake_failures: Vec<String>,
 }
 
 impl Shared {

@@ -13,6 +13,10 @@
 //! budget and its code whatever the collector does. And the standard
 //! `OTEL_*` variables a user sets (the traces' protocol, service name,
 //! resource, headers, sampler) reach the collector, over both transports.
+//! Last, an `https://` collector: trusted through
+//! `OTEL_EXPORTER_OTLP_CERTIFICATE` it gets every span, untrusted it costs
+//! the budget and one line saying why, an unusable file is exit 2, and the
+//! default roots are each transport's own.
 
 mod support;
 
@@ -35,6 +39,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use nix::sys::signal::Signal::SIGTERM;
 use support::binary::{self, LameduckProcess};
 use support::otlp::{self, Behaviour, Protocol, ReceivedSpan, Receiver};
+use support::tls::TestCa;
 
 /// The SDK's default export timeout.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -904,8 +909,11 @@ fn collector_down_then_up(protocol: Protocol) {
     let logs = server.log_text();
     let failing = logs.matches("trace export failing").count();
     assert_eq!(failing, 1, "{logs}");
+    // Nor the SDK's warning, for each batch, that its retries are exhausted.
     assert!(
-        !logs.contains("ExportError") && !logs.contains(" ERROR "),
+        !logs.contains("ExportError")
+            && !logs.contains(" ERROR ")
+            && !logs.contains("exhausted retries"),
         "{logs}"
     );
 }
@@ -948,4 +956,216 @@ fn collector_slow_at_shutdown_costs_at_most_the_budget() {
     assert_dropped_within_budget(&mut server);
     assert!(receiver.requests() >= 1, "the export never arrived");
     assert_eq!(receiver.spans(), []);
+}
+
+// === An `https://` collector ===
+//
+// The receiver serves TLS only, with a certificate of a test CA that no
+// default root store holds: it is trusted through
+// `OTEL_EXPORTER_OTLP_CERTIFICATE` or not at all. gRPC insists on HTTP/2 by
+// ALPN; OTLP/HTTP's client speaks HTTP/1.1.
+
+/// The standard variable, and its traces' own form.
+const CERTIFICATE: &str = "OTEL_EXPORTER_OTLP_CERTIFICATE";
+const TRACES_CERTIFICATE: &str = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE";
+
+/// A test CA, and its certificate written to `dir/ca.pem`.
+fn ca_file(dir: &tempfile::TempDir) -> (TestCa, String) {
+    let ca = TestCa::new();
+    let path = dir.path().join("ca.pem");
+    std::fs::write(&path, ca.pem()).expect("write the CA's certificate");
+    (ca, path.to_str().expect("a UTF-8 path").to_owned())
+}
+
+/// `lameduck server`, traced to `endpoint` as [`traced_envs`] says, with
+/// `more` variables.
+fn start_traced_with(
+    protocol: Protocol,
+    endpoint: &str,
+    more: &[(&'static str, &str)],
+) -> LameduckProcess {
+    let mut envs = traced_envs(protocol, endpoint);
+    envs.extend(more.iter().map(|(key, value)| (*key, (*value).to_owned())));
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    LameduckProcess::start(&[], &envs)
+}
+
+/// Trusted through the standard variable, the collector gets every answered
+/// request's span at the exit flush, as in cleartext, and no handshake
+/// failed on the way.
+fn https_collector_trusted(protocol: Protocol) {
+    let dir = binary::tempdir("otlp-ca-");
+    let (ca, pem) = ca_file(&dir);
+    let receiver = Receiver::start_tls(protocol, Behaviour::Answer, &ca);
+    assert!(receiver.endpoint().starts_with("https://"));
+    let mut server = start_traced_with(protocol, &receiver.endpoint(), &[(CERTIFICATE, &pem)]);
+    let sent = answered_requests(&server, "https");
+    assert_eq!(receiver.requests(), 0, "spans left before the exit flush");
+    server.signal(SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+    assert_each_answered_once(&receiver.spans(), &sent);
+    assert_eq!(receiver.handshake_failures(), Vec::<String>::new());
+    let logs = server.log_text();
+    assert!(logs.contains("traces flushed"), "{logs}");
+    assert!(!logs.contains("trace export failing"), "{logs}");
+}
+
+#[test]
+fn grpc_https_collector_trusted_by_the_certificate_variable_gets_every_span() {
+    https_collector_trusted(Protocol::Grpc);
+}
+
+#[test]
+fn http_https_collector_trusted_by_the_certificate_variable_gets_every_span() {
+    https_collector_trusted(Protocol::HttpProtobuf);
+}
+
+/// Without the variable, the collector's certificate is not trusted: the
+/// exporter refuses it in the handshake (the receiver sees that, and no
+/// export), says so once, and the exit keeps its code and its budget, the
+/// spans counted as dropped.
+fn https_collector_untrusted(protocol: Protocol) {
+    let receiver = Receiver::start_tls(protocol, Behaviour::Answer, &TestCa::new());
+    let mut server = start_traced(protocol, &receiver.endpoint(), &[]);
+    answered_requests(&server, "untrusted");
+    assert_dropped_within_budget(&mut server);
+    assert_eq!(receiver.requests(), 0);
+    let failures = receiver.handshake_failures();
+    assert!(
+        !failures.is_empty() && failures.iter().all(|f| f.contains("UnknownCA")),
+        "the exporter did not refuse the certificate: {failures:?}"
+    );
+    // Said once while it runs (gRPC: in the exporter's warning; HTTP: in
+    // the verifier's error, the warning saying "network error"), not at
+    // each of the export's attempts; the exit's line counts the dropped.
+    let logs = server.log_text();
+    let running: Vec<_> = logs
+        .lines()
+        .filter(|line| !line.contains("traces not flushed"))
+        .collect();
+    let failing = running
+        .iter()
+        .filter(|l| l.contains("trace export failing"));
+    assert_eq!(failing.count(), 1, "{logs}");
+    let why = running.iter().filter(|l| l.contains("UnknownIssuer"));
+    assert_eq!(why.count(), 1, "{logs}");
+    assert!(!logs.contains("exhausted retries"), "{logs}");
+}
+
+#[test]
+fn grpc_https_collector_untrusted_is_refused_and_costs_at_most_the_budget() {
+    https_collector_untrusted(Protocol::Grpc);
+}
+
+#[test]
+fn http_https_collector_untrusted_is_refused_and_costs_at_most_the_budget() {
+    https_collector_untrusted(Protocol::HttpProtobuf);
+}
+
+/// Runs the service with `certificates` set, exporting to a collector that
+/// is down; expects exit 2 and one line, an error, naming `refused`: the
+/// variable and the file it names.
+fn assert_refused_at_start(
+    protocol: Protocol,
+    certificates: &[(&str, &str)],
+    refused: (&str, &str),
+) {
+    let mut envs = otlp::envs(protocol, &otlp::unused_endpoint());
+    envs.extend(certificates.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let run = binary::run(&[], &envs, PATIENCE);
+    let output = run.output();
+    assert_eq!(run.status.code(), Some(2), "{certificates:?}:\n{output}");
+    let (variable, path) = refused;
+    let named: Vec<_> = output.lines().filter(|l| l.contains(variable)).collect();
+    let [line] = named.as_slice() else {
+        panic!("one line naming {variable} expected:\n{output}");
+    };
+    let message = format!(" ERROR lameduck: traces: {variable}={path}: ");
+    assert!(line.contains(&message), "{line}");
+}
+
+/// A certificate file that cannot be used stops the start with exit 2 and
+/// one line naming the variable and the file — whatever the endpoint's
+/// scheme, so that the mistake shows before the collector moves to TLS —
+/// and the traces' own variable wins over the general one.
+#[test]
+fn an_unusable_certificate_file_is_a_usage_error_naming_the_variable() {
+    let dir = binary::tempdir("otlp-ca-");
+    let (_, good) = ca_file(&dir);
+    let missing = dir.path().join("missing.pem");
+    let missing = missing.to_str().expect("a UTF-8 path");
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not a certificate\n").expect("write the file");
+    let garbage = garbage.to_str().expect("a UTF-8 path");
+
+    let unreadable = [(CERTIFICATE, missing)];
+    assert_refused_at_start(Protocol::Grpc, &unreadable, unreadable[0]);
+    let no_certificate = [(CERTIFICATE, garbage)];
+    assert_refused_at_start(Protocol::HttpProtobuf, &no_certificate, no_certificate[0]);
+    let traces_own = [(CERTIFICATE, good.as_str()), (TRACES_CERTIFICATE, missing)];
+    assert_refused_at_start(Protocol::HttpProtobuf, &traces_own, traces_own[1]);
+
+    // The traces' own variable names a usable file: the general one is
+    // not read.
+    let endpoint = otlp::unused_endpoint();
+    let envs = otlp::envs(Protocol::Grpc, &endpoint);
+    let mut envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    envs.extend([(CERTIFICATE, missing), (TRACES_CERTIFICATE, good.as_str())]);
+    let mut server = LameduckProcess::start(&[], &envs);
+    server.signal(SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+}
+
+/// The default roots, per transport, as the README states them: OTLP/HTTP
+/// trusts the system's store, which `SSL_CERT_FILE` and `SSL_CERT_DIR`
+/// replace (here: the test CA alone, so it is trusted); gRPC trusts the
+/// Mozilla roots compiled in, which no file changes (so the same CA is not).
+#[test]
+fn the_default_roots_are_the_systems_for_http_and_compiled_in_for_grpc() {
+    let dir = binary::tempdir("otlp-ca-");
+    let (ca, pem) = ca_file(&dir);
+    // Empty is unset: the directory a shell may set is not read.
+    let system = [("SSL_CERT_FILE", pem.as_str()), ("SSL_CERT_DIR", "")];
+
+    let protocol = Protocol::HttpProtobuf;
+    let receiver = Receiver::start_tls(protocol, Behaviour::Answer, &ca);
+    let mut server = start_traced_with(protocol, &receiver.endpoint(), &system);
+    let sent = answered_requests(&server, "system");
+    server.signal(SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+    assert_each_answered_once(&receiver.spans(), &sent);
+
+    let protocol = Protocol::Grpc;
+    let receiver = Receiver::start_tls(protocol, Behaviour::Answer, &ca);
+    let mut server = start_traced_with(protocol, &receiver.endpoint(), &system);
+    answered_requests(&server, "compiled-in");
+    assert_dropped_within_budget(&mut server);
+    assert_eq!(receiver.requests(), 0);
+    assert!(!receiver.handshake_failures().is_empty());
+}
+
+/// The service builds the OTLP/HTTP exporter's client itself (to add the
+/// roots), and gives it the export timeout the SDK would have given its
+/// own: an export held longer than `OTEL_EXPORTER_OTLP_TIMEOUT` fails then,
+/// not when the collector answers at last.
+#[test]
+fn http_export_timeout_applies_to_the_client_the_service_builds() {
+    let protocol = Protocol::HttpProtobuf;
+    let hold = Duration::from_secs(4);
+    let receiver = Receiver::start(protocol, Behaviour::Slow(hold));
+    // Batches every 100 ms (`otlp::envs`).
+    let mut envs = otlp::envs(protocol, &receiver.endpoint());
+    envs.push(("OTEL_EXPORTER_OTLP_TIMEOUT", "300".to_owned()));
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut server = LameduckProcess::start(&[], &envs);
+    binary::create_link(server.addr(), "https://example.com/timeout");
+    let sent = Instant::now();
+    let failing = server.wait_for_log("trace export failing", hold);
+    let took = sent.elapsed();
+    assert!(failing, "{}", server.log_text());
+    assert!(took < hold / 2, "failed {took:?} after the request");
+    assert!(receiver.requests() >= 1, "the export never arrived");
+    server.signal(SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
 }

@@ -17,13 +17,14 @@ fn percent(share: f64) -> String {
 /// The storm's panels, on common axes so that the runs compare at a glance.
 pub(super) fn storm(runs: &[StormResult]) -> Vec<Chart> {
     let x_max = runs.iter().map(|r| r.traffic_s).fold(1.0, f64::max);
-    #[allow(clippy::cast_precision_loss)]
+    let rounds = runs.iter().map(|r| r.round).max().unwrap_or(1);
     // The clients' first connections, and the first second's latency,
     // would flatten the rest: the axes are set from after the warm-up,
     // and the warm-up runs off the top.
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let warm = WARMUP.as_secs() as usize;
     let warm_ticks = warm * series::ticks_per_second();
+    #[allow(clippy::cast_precision_loss)]
     let peak = runs
         .iter()
         .flat_map(|r| series::total(&r.new_per_100ms).into_iter().skip(warm_ticks))
@@ -37,8 +38,13 @@ pub(super) fn storm(runs: &[StormResult]) -> Vec<Chart> {
     runs.iter()
         .map(|r| Chart {
             title: format!(
-                "storm, {}: peak {} new connections / 100 ms replacing; p99 {} ms steady, {} ms replacing; {} failed",
+                "storm, {}{}: peak {} new connections / 100 ms replacing; p99 {} ms steady, {} ms replacing; {} failed",
                 r.label,
+                if rounds > 1 {
+                    format!(" (round {})", r.round)
+                } else {
+                    String::new()
+                },
                 r.peak_new_per_100ms,
                 report::fmt_ms(r.latency_steady.p99_ms),
                 report::fmt_ms(r.latency_replacing.p99_ms),

@@ -203,7 +203,8 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
 
     /// How the lame duck tells connections to close: `gradual` tells each
-    /// at its own moment, spread evenly over the drain delay, so their
+    /// at its own moment, spread evenly over the drain delay but its last
+    /// second (left for the last told to carry one more request), so their
     /// clients reconnect elsewhere at an even rate (Envoy's gradual drain);
     /// `immediate` tells every one at the signal.
     #[arg(long, env = "LAMEDUCK_DRAIN_SPREAD", value_enum, default_value_t = Spread::Gradual)]

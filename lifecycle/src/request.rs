@@ -285,11 +285,13 @@ where
         if let Some(BusyGuard(conn)) = busy.as_ref().filter(|_| *this.http2) {
             conn.answer_ready();
         }
-        let close = match &busy {
-            Some(BusyGuard(conn)) => conn.should_close(shutting_down),
-            None => shutting_down,
-        };
-        if close && !*this.http2 {
+        // HTTP/2 was told at the request (GOAWAY): nothing to add here.
+        let close = !*this.http2
+            && match &busy {
+                Some(BusyGuard(conn)) => conn.should_close(shutting_down),
+                None => shutting_down,
+            };
+        if close {
             response
                 .headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));

@@ -342,6 +342,7 @@ where
             finish.count_and_log(&response);
             Poll::Ready(response)
         }));
+        this.span.answered(response.status().as_u16());
         Poll::Ready(Ok(finish.deliver(response, this.span)))
     }
 }

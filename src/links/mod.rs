@@ -24,6 +24,7 @@ use self::error::not_found;
 use crate::error::ApiError;
 use crate::lifecycle::RequestScope;
 use crate::storage::{Storage, StorageError, StoredLink};
+use crate::telemetry::traces;
 use cache::LinkCache;
 use hits::HitCounter;
 use live::LiveHits;
@@ -104,29 +105,32 @@ async fn create(
         .transpose()
         .map_err(ApiError::BadRequest)?;
 
-    // The transaction runs to its own end even if this future is dropped.
+    // The transaction runs to its own end even if this future is dropped;
+    // in the request's trace (its spans are children of the request's).
     let link = scope
-        .run(move |token| async move {
-            let attempts = if custom.is_some() {
-                1
-            } else {
-                GENERATE_ATTEMPTS
-            };
-            let mut last = StorageError::Conflict;
-            for _ in 0..attempts {
-                let link = StoredLink {
-                    code: custom.clone().unwrap_or_else(validate::generate_code),
-                    url: url.clone(),
-                    hits: 0,
-                    created_at: now_rfc3339(),
+        .run(move |token| {
+            traces::carry(async move {
+                let attempts = if custom.is_some() {
+                    1
+                } else {
+                    GENERATE_ATTEMPTS
                 };
-                match storage.insert_link(&link, &token).await {
-                    Ok(()) => return Ok(link),
-                    Err(StorageError::Conflict) => last = StorageError::Conflict,
-                    Err(other) => return Err(other),
+                let mut last = StorageError::Conflict;
+                for _ in 0..attempts {
+                    let link = StoredLink {
+                        code: custom.clone().unwrap_or_else(validate::generate_code),
+                        url: url.clone(),
+                        hits: 0,
+                        created_at: now_rfc3339(),
+                    };
+                    match storage.insert_link(&link, &token).await {
+                        Ok(()) => return Ok(link),
+                        Err(StorageError::Conflict) => last = StorageError::Conflict,
+                        Err(other) => return Err(other),
+                    }
                 }
-            }
-            Err(last)
+                Err(last)
+            })
         })
         .await
         .map_err(|error| ApiError::Internal(Box::new(error)))??;

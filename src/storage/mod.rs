@@ -21,6 +21,8 @@ use std::path::Path;
 use std::pin::pin;
 use std::time::Duration;
 
+use opentelemetry::trace::SpanKind;
+use opentelemetry::KeyValue;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
@@ -28,6 +30,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::Any;
 use sqlx::{AnyConnection, AnyPool, ConnectOptions, Connection, Executor, Row};
 use tokio_util::sync::CancellationToken;
+
+use crate::telemetry::traces::ChildSpan;
 use tracing::Instrument;
 
 pub use health::{run_health_probe, DatabaseHealth, DatabaseState};
@@ -74,14 +78,6 @@ impl Backend {
             Backend::Postgres => "postgresql",
         }
     }
-}
-
-/// Marks `span` failed if `result` is an error.
-fn traced<T>(span: &tracing::Span, result: Result<T, StorageError>) -> Result<T, StorageError> {
-    if let Err(error) = &result {
-        crate::telemetry::traces::fail(span, error.kind(), error);
-    }
-    result
 }
 
 /// Errors at the storage boundary.
@@ -489,25 +485,28 @@ impl Storage {
         summary: &'static str,
         call: impl Future<Output = Result<T, StorageError>>,
     ) -> Result<T, StorageError> {
-        let span = self.span(summary);
+        let mut span = self.span(summary);
         let result = match self.health.admit() {
-            Ok(()) => self.health.observe(call.instrument(span.clone()).await),
+            Ok(()) => self.health.observe(call.await),
             Err(refused) => Err(refused),
         };
-        traced(&span, result)
+        if let Err(error) = &result {
+            span.fail(error.kind(), error);
+        }
+        result
     }
 
     /// A database call's span, as OpenTelemetry's conventions describe it
-    /// (`summary`: the operation and the table, `SELECT links`); none with
-    /// traces off.
-    fn span(&self, summary: &'static str) -> tracing::Span {
-        crate::traced_span!(
-            "database",
-            otel.name = summary,
-            otel.kind = "client",
-            db.system.name = self.backend.system_name(),
-            db.query.summary = summary,
-        )
+    /// (`summary`: the operation and the table, `SELECT links`): a child of
+    /// the request's server span, none with traces off or for a request
+    /// not sampled.
+    fn span(&self, summary: &'static str) -> ChildSpan {
+        ChildSpan::start(summary, SpanKind::Client, || {
+            vec![
+                KeyValue::new("db.system.name", self.backend.system_name()),
+                KeyValue::new("db.query.summary", summary),
+            ]
+        })
     }
 
     /// Which database runs.
@@ -693,11 +692,23 @@ impl Storage {
         batch_id: &str,
         hits: &[(String, u64)],
     ) -> Result<bool, StorageError> {
-        let span = self.span("UPDATE links");
+        // A `tracing` span, not a [`ChildSpan`]: it belongs to the flush's
+        // own span (the write-behind component's), a batch at a time.
+        let span = crate::traced_span!(
+            "database",
+            otel.name = "UPDATE links",
+            otel.kind = "client",
+            db.system.name = self.backend.system_name(),
+            db.query.summary = "UPDATE links",
+        );
         let applied = self
             .apply_hits_inner(batch_id, hits)
             .instrument(span.clone());
-        self.health.observe(traced(&span, applied.await))
+        let result = applied.await;
+        if let Err(error) = &result {
+            crate::telemetry::traces::fail(&span, error.kind(), error);
+        }
+        self.health.observe(result)
     }
 
     async fn apply_hits_inner(

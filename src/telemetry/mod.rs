@@ -1,7 +1,7 @@
 //! Logging: `tracing` to stdout, as text or JSON, filtered by `RUST_LOG`
 //! (default `info`). A request's span is made only when something inside
-//! the request needs it ([`request_span`]) — unless traces are exported
-//! ([`traces`]): then every request's span is made, and exported.
+//! the request needs it ([`request_span`]), traces on or off: a request's
+//! trace is its server span, decided and built apart ([`traces::Edge`]).
 
 pub mod request_span;
 pub mod traces;
@@ -26,11 +26,10 @@ pub enum LogFormat {
     Json,
 }
 
-/// What the trace exporter takes: [`Traces::FILTER`], less the request spans
-/// of routes left out of traces (probes, scrapes: `Stack::untraced`), which
-/// are made with the logs' own callsite.
+/// What the trace exporter takes: [`traces::exported`], less the request
+/// spans of the logs (a request's trace is its server span, made apart).
 fn exported<S>() -> impl tracing_subscriber::layer::Filter<S> {
-    Traces::FILTER.and(filter_fn(|metadata| !request_span::is_logs_only(metadata)))
+    traces::exported().and(filter_fn(|metadata| !request_span::is_logs_only(metadata)))
 }
 
 /// The log lines' layer, for a subscriber of any shape.
@@ -56,15 +55,14 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
             let json = text_layer().json().flatten_event(true);
             LazySpans::new(tracing_subscriber::registry().with(filter).with(json)).try_init()
         }
-        // Every span made, for the exporter: the filter is the logs' alone.
+        // Request spans stay lazy: a request's trace is its edge's
+        // (`traces::Edge`), not a `tracing` span.
         (Some(traces), LogFormat::Text) => {
             let logs = text_layer()
                 .fmt_fields(traces::fields::TextFields)
                 .with_filter(filter.and(traces::logged()));
             let registry = tracing_subscriber::registry().with(logs);
-            registry
-                .with(traces.layer().with_filter(exported()))
-                .try_init()
+            LazySpans::new(registry.with(traces.layer().with_filter(exported()))).try_init()
         }
         (Some(traces), LogFormat::Json) => {
             let json = text_layer()
@@ -73,9 +71,7 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
                 .fmt_fields(traces::fields::JsonFields);
             let registry =
                 tracing_subscriber::registry().with(json.with_filter(filter.and(traces::logged())));
-            registry
-                .with(traces.layer().with_filter(exported()))
-                .try_init()
+            LazySpans::new(registry.with(traces.layer().with_filter(exported()))).try_init()
         }
     };
 }

@@ -19,8 +19,10 @@
 //! service that needs either builds its subscriber without `LazySpans`, and
 //! gets every request's span made up front.
 //!
-//! With traces on ([`traces`]) the span is made up front: the request's
-//! [`ServerSpan`], exported, with `trace_id` beside the request id.
+//! With traces on ([`traces`]) the span stays lazy and carries the trace's
+//! id beside the request id; the trace itself is the request's [`Edge`]: a
+//! server span built straight for the exporter if the request is sampled,
+//! nothing if it is not.
 
 use std::cell::Cell;
 
@@ -35,7 +37,9 @@ use tracing_core::field::FieldSet;
 use tracing_core::metadata::Kind;
 use tracing_core::span::Current;
 
-use super::traces::{self, ServerSpan};
+use opentelemetry::trace::TraceId;
+
+use super::traces::Edge;
 
 /// The `request` span's callsite: one for every request, made by hand
 /// rather than by `info_span!`, which cannot be used while the subscriber
@@ -53,15 +57,21 @@ static META: Metadata<'static> = Metadata::new(
     Some(line!()),
     Some(module_path!()),
     FieldSet::new(
-        &["method", "route", "request_id", "status", "latency_ms"],
+        &[
+            "method",
+            "route",
+            "request_id",
+            "trace_id",
+            "status",
+            "latency_ms",
+        ],
         tracing_core::identify_callsite!(&CALLSITE),
     ),
     Kind::SPAN,
 );
 
 /// `true` for the `request` span's own callsite: a span for the logs only,
-/// never exported (with traces on, requests that are traced get a
-/// [`ServerSpan`] instead).
+/// never exported (a request's trace is its [`Edge`]'s server span).
 pub fn is_logs_only(metadata: &Metadata<'_>) -> bool {
     metadata.callsite() == META.callsite()
 }
@@ -80,19 +90,12 @@ enum Slot {
     /// Boxed: the slot moves into the thread and back at every poll.
     Pending(Box<Fields>),
     Made(Made),
-    /// Traces are on: a server span.
-    Traced(Box<ServerSpan>),
 }
 
 impl Slot {
     fn enter(&self) {
         match self {
             Slot::Made(span) => span.enter(),
-            Slot::Traced(traced) => {
-                traced
-                    .span()
-                    .with_subscriber(|(id, dispatch)| dispatch.enter(id));
-            }
             Slot::Empty | Slot::Pending(_) => {}
         }
     }
@@ -100,11 +103,6 @@ impl Slot {
     fn exit(&self) {
         match self {
             Slot::Made(span) => span.exit(),
-            Slot::Traced(traced) => {
-                traced
-                    .span()
-                    .with_subscriber(|(id, dispatch)| dispatch.exit(id));
-            }
             Slot::Empty | Slot::Pending(_) => {}
         }
     }
@@ -118,6 +116,8 @@ struct Fields {
     method: Method,
     route: Option<MatchedPath>,
     request_id: Option<HeaderValue>,
+    /// The trace, with traces on: the caller's, or a sampled request's own.
+    trace_id: Option<TraceId>,
     /// Status and latency in milliseconds, once answered.
     answer: Option<(u16, f64)>,
 }
@@ -131,13 +131,23 @@ impl Fields {
         }
         let fields = META.fields();
         let mut names = fields.iter();
-        let (Some(method), Some(route), Some(request_id), Some(status), Some(latency_ms)) = (
+        let fields_in_order = (
             names.next(),
             names.next(),
             names.next(),
             names.next(),
             names.next(),
-        ) else {
+            names.next(),
+        );
+        let (
+            Some(method),
+            Some(route),
+            Some(request_id),
+            Some(trace_id),
+            Some(status),
+            Some(latency_ms),
+        ) = fields_in_order
+        else {
             return Made::none();
         };
         let method_value = self.method.as_str();
@@ -145,10 +155,12 @@ impl Fields {
         let id = self.request_id.as_ref().and_then(|id| id.to_str().ok());
         let id = id.unwrap_or("");
         let (status_value, latency_value) = self.answer.unzip();
+        let trace_value = self.trace_id.map(tracing::field::display);
         let entries = [
             (&method, Some(&method_value as &dyn Value)),
             (&route, Some(&route_value as &dyn Value)),
             (&request_id, Some(&id as &dyn Value)),
+            (&trace_id, trace_value.as_ref().map(|t| t as &dyn Value)),
             (&status, status_value.as_ref().map(|s| s as &dyn Value)),
             (&latency_ms, latency_value.as_ref().map(|l| l as &dyn Value)),
         ];
@@ -197,10 +209,14 @@ impl Drop for Made {
 }
 
 /// The `request` span of one request: made when first needed under
-/// [`LazySpans`], at once under any other subscriber.
+/// [`LazySpans`], at once under any other subscriber; with traces on, the
+/// request's [`Edge`] beside it.
 #[derive(Debug)]
 #[must_use = "a request span does nothing unless the request is polled in it"]
-pub struct RequestSpan(Slot);
+pub struct RequestSpan {
+    slot: Slot,
+    edge: Edge,
+}
 
 impl RequestSpan {
     /// The span of a request for `method` on `route` (`None`: no route
@@ -210,68 +226,78 @@ impl RequestSpan {
         route: Option<&MatchedPath>,
         request_id: Option<&HeaderValue>,
     ) -> RequestSpan {
+        RequestSpan::with_edge(method, route, request_id, (Edge::Off, None))
+    }
+
+    /// The span of `request`, on `route`, carrying `request_id`, and its
+    /// trace as decided at the edge ([`Edge::of`]): the same as
+    /// [`RequestSpan::new`] with traces off.
+    pub fn for_request(
+        request: &Request,
+        route: Option<&MatchedPath>,
+        request_id: Option<&HeaderValue>,
+    ) -> RequestSpan {
+        let id = request_id.and_then(|id| id.to_str().ok());
+        let (edge, trace_id) = Edge::of(request, route.map(MatchedPath::as_str), id);
+        RequestSpan::with_edge(request.method(), route, request_id, (edge, trace_id))
+    }
+
+    fn with_edge(
+        method: &Method,
+        route: Option<&MatchedPath>,
+        request_id: Option<&HeaderValue>,
+        (edge, trace_id): (Edge, Option<TraceId>),
+    ) -> RequestSpan {
         // Registered here, not when the span is made: a subscriber handling
         // a line cannot be asked about a new callsite.
         if CALLSITE.interest().is_never() {
-            return RequestSpan::none();
+            return RequestSpan {
+                slot: Slot::Made(Made::none()),
+                edge,
+            };
         }
         let fields = Fields {
             dispatch: tracing::dispatcher::get_default(Dispatch::clone),
             method: method.clone(),
             route: route.cloned(),
             request_id: request_id.cloned(),
+            trace_id,
             answer: None,
         };
-        if fields.dispatch.is::<LazySpans>() {
-            RequestSpan(Slot::Pending(Box::new(fields)))
+        let slot = if fields.dispatch.is::<LazySpans>() {
+            Slot::Pending(Box::new(fields))
         } else {
-            RequestSpan(Slot::Made(fields.make()))
-        }
-    }
-
-    /// The span of `request`, on `route`, carrying `request_id`: with
-    /// traces on, its server span ([`traces`]); otherwise as
-    /// [`RequestSpan::new`] makes it.
-    pub fn for_request(
-        request: &Request,
-        route: Option<&MatchedPath>,
-        request_id: Option<&HeaderValue>,
-    ) -> RequestSpan {
-        if traces::enabled() {
-            RequestSpan::traced(request, route, request_id)
-        } else {
-            RequestSpan::new(request.method(), route, request_id)
-        }
-    }
-
-    /// The server span ([`ServerSpan`]).
-    fn traced(
-        request: &Request,
-        route: Option<&MatchedPath>,
-        request_id: Option<&HeaderValue>,
-    ) -> RequestSpan {
-        let route = route.map(MatchedPath::as_str);
-        let id = request_id.and_then(|id| id.to_str().ok());
-        match ServerSpan::new(request, route, id) {
-            Some(span) => RequestSpan(Slot::Traced(Box::new(span))),
-            None => RequestSpan::none(),
-        }
+            Slot::Made(fields.make())
+        };
+        RequestSpan { slot, edge }
     }
 
     /// No span at all.
     pub fn none() -> RequestSpan {
-        RequestSpan(Slot::Made(Made::none()))
+        RequestSpan {
+            slot: Slot::Made(Made::none()),
+            edge: Edge::default(),
+        }
     }
 
-    /// `true` for [`RequestSpan::none`] (or a span its level filtered out).
+    /// `true` for [`RequestSpan::none`] (or a span its level filtered out),
+    /// with no trace.
     pub fn is_none(&self) -> bool {
-        matches!(&self.0, Slot::Made(Made { id: None, .. }))
+        matches!(&self.slot, Slot::Made(Made { id: None, .. })) && !self.edge.is_sampled()
+    }
+
+    /// Records the answer's status on the request's trace (the log span's
+    /// fields come from [`record_answer`]).
+    pub fn answered(&mut self, status: u16) {
+        self.edge.answer(status);
     }
 
     /// Runs `f` inside the span: what it logs, and every span it makes or
-    /// enters, is in the request's span, which is made then if it was not.
+    /// enters, is in the request's span, which is made then if it was not;
+    /// and inside the request's trace.
     pub fn in_scope<R>(&mut self, f: impl FnOnce() -> R) -> R {
-        let slot = std::mem::take(&mut self.0);
+        let _decided = self.edge.enter();
+        let slot = std::mem::take(&mut self.slot);
         // Entering makes the span of a request polled around this one first
         // (`LazySpans::enter`), so that this one's is its child.
         slot.enter();
@@ -290,7 +316,7 @@ impl RequestSpan {
             });
         }
         let _restore = Restore {
-            into: &mut self.0,
+            into: &mut self.slot,
             outer,
         };
         f()
@@ -336,7 +362,6 @@ pub fn record_answer(status: u16, latency_ms: f64) {
                 dispatch.record(id, &Record::new(&fields.value_set(&entries)));
             }
         }
-        Slot::Traced(traced) => traced.answer(status, latency_ms),
         Slot::Made(_) | Slot::Empty => {}
     });
 }

@@ -31,11 +31,14 @@
 //!   gives the export [`TRACE_FORCE_FLUSH_BUDGET`], no more.
 
 mod count;
+mod export;
 pub mod fields;
 pub mod open;
 mod parent;
 pub mod server;
+mod span;
 mod tls;
+mod wire;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -44,9 +47,11 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry::KeyValue;
-use opentelemetry_otlp::{SpanExporter, WithExportConfig, WithHttpConfig, WithTonicConfig};
-use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider};
+use opentelemetry::{Context, InstrumentationScope, KeyValue};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, RandomIdGenerator, SdkTracerProvider, Span, SpanData, SpanProcessor,
+};
 use opentelemetry_sdk::Resource;
 use tracing::Subscriber;
 use tracing_subscriber::filter::LevelFilter;
@@ -58,23 +63,55 @@ use tracing_subscriber::Layer;
 #[allow(unused_imports)]
 pub use count::spans_refused;
 use count::{Counted, Counts};
+pub use export::ExporterError;
 use lameduck_lifecycle::{BoxError, LOG_TARGET};
 pub use parent::parent_context;
-pub use server::ServerSpan;
+pub use server::{carry, in_request_context, ChildSpan, Edge, ServerSpan};
 pub use tls::CertificateError;
 use tls::ExtraRoots;
 
 /// What the logs leave out with traces on, since the exporter says once
-/// when exports start failing and once when they succeed again: the SDK's
-/// error and its warning that the retries are exhausted, for each batch the
-/// collector refused, and the HTTP client's error for each certificate it
-/// refused after the first (`tls::RefusalsOnce`).
+/// when exports start failing, and why, and once when they succeed again:
+/// the SDK's error for each batch the collector refused, and the HTTP
+/// client's verifier's for each certificate it refused
+/// (`tls::VerifierErrors`).
 pub fn logged<S>() -> impl tracing_subscriber::layer::Filter<S> {
     use tracing_subscriber::filter::{filter_fn, FilterExt};
-    let per_batch = filter_fn(|metadata| {
-        !count::is_per_batch_error(metadata) && metadata.name() != "Export.Failed.Exhausted"
-    });
-    per_batch.and(tls::RefusalsOnce)
+    let per_batch = filter_fn(|metadata| !count::is_per_batch_error(metadata));
+    per_batch.and(tls::VerifierErrors)
+}
+
+/// What the trace layer takes: [`Traces::FILTER`], less the log spans of
+/// requests ([`ServerSpan`]'s), whose traces are their server spans.
+pub fn exported<S>() -> impl tracing_subscriber::layer::Filter<S> {
+    use tracing_subscriber::filter::{filter_fn, FilterExt};
+    Traces::FILTER.and(filter_fn(|metadata| !server::is_log_span(metadata)))
+}
+
+/// One processor, shared by the provider (the spans made through
+/// `tracing`) and the server spans, which end into it directly.
+#[derive(Debug)]
+struct Shared(Arc<dyn SpanProcessor>);
+
+impl SpanProcessor for Shared {
+    fn on_start(&self, span: &mut Span, cx: &Context) {
+        self.0.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        self.0.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    /// Given when the processor was made (`Traces::start`).
+    fn set_resource(&mut self, _resource: &Resource) {}
 }
 
 /// How long the last finalizer may take to export the spans still in the
@@ -100,15 +137,23 @@ pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
-/// An `INFO` span, as `tracing::info_span!` makes it, when traces are
-/// exported; [`tracing::Span::none`] otherwise. For the spans that exist for
-/// traces only (a database call, a flush): with traces off they cost one
-/// branch, change no log line, and do not make a request's lazy span.
+/// `true` if a span made now for traces only would be exported: traces
+/// are on, and no request not sampled is being polled here
+/// ([`server::Edge::enter`]).
+pub fn wanted() -> bool {
+    enabled() && server::polled_is_sampled()
+}
+
+/// An `INFO` span, as `tracing::info_span!` makes it, when it would be
+/// exported ([`wanted`]); [`tracing::Span::none`] otherwise. For the spans
+/// that exist for traces only (a database call, a flush): with traces off,
+/// or inside a request not sampled, they cost one branch, change no log
+/// line, and do not make a request's lazy span.
 #[macro_export]
 macro_rules! traced_span {
     ($($span:tt)*) => {
-        if $crate::telemetry::traces::enabled() {
-            ::tracing::info_span!($($span)*)
+        if $crate::telemetry::traces::wanted() {
+            $crate::telemetry::traces::in_request_context(|| ::tracing::info_span!($($span)*))
         } else {
             ::tracing::Span::none()
         }
@@ -214,7 +259,7 @@ pub enum TracesError {
         url: String,
         /// What the exporter said.
         #[source]
-        source: opentelemetry_otlp::ExporterBuildError,
+        source: export::ExporterError,
     },
     /// `OTEL_EXPORTER_OTLP_CERTIFICATE` (or the traces' own) names a file
     /// that is no CA certificate.
@@ -249,37 +294,39 @@ impl Traces {
         // used, and a wrong one is better found before the collector moves
         // to `https://`.
         let extra = ExtraRoots::from_env()?;
-        let refused = |source| TracesError::Exporter {
-            url: url.clone(),
-            source,
-        };
-        let exporter = match protocol {
-            OtlpProtocol::Grpc => SpanExporter::builder()
-                .with_tonic()
-                .with_endpoint(&url)
-                .with_tls_config(tls::grpc(extra.as_ref()))
-                .build(),
-            OtlpProtocol::HttpProtobuf => {
-                // The HTTP client's TLS: rustls, with the provider the
-                // service's own TLS uses.
-                let _ = rustls::crypto::ring::default_provider().install_default();
-                let client = tls::http_client(extra.as_ref()).map_err(refused)?;
-                SpanExporter::builder()
-                    .with_http()
-                    .with_http_client(client)
-                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                    .with_endpoint(&url)
-                    .build()
+        if protocol == OtlpProtocol::HttpProtobuf {
+            // The HTTP client's TLS: rustls, with the provider the
+            // service's own TLS uses.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let exporter = export::Exporter::new(&url, protocol, extra.as_ref()).map_err(|source| {
+            TracesError::Exporter {
+                url: url.clone(),
+                source,
             }
-        };
-        let exporter = exporter.map_err(refused)?;
+        })?;
         let counts = Arc::new(Counts::default());
-        let exporter = Counted::exporter(tls::Retold(exporter), &counts);
-        let batch = BatchSpanProcessor::builder(exporter).build();
+        let exporter = Counted::exporter(exporter, &counts);
+        let resource = resource();
+        let mut batch = Counted::processor(BatchSpanProcessor::builder(exporter).build(), &counts);
+        // The provider would hand the resource to its processors; this one
+        // is shared with the server spans ([`server`]), so it gets it here.
+        batch.set_resource(&resource);
+        let batch: Arc<dyn SpanProcessor> = Arc::new(batch);
         let provider = SdkTracerProvider::builder()
-            .with_span_processor(Counted::processor(batch, &counts))
-            .with_resource(resource())
+            .with_span_processor(Shared(Arc::clone(&batch)))
+            .with_resource(resource)
             .build();
+        // The sampler and limits the standard variables name, as the SDK
+        // reads them for its own spans.
+        let sdk = opentelemetry_sdk::trace::Config::default();
+        server::install(server::Pipeline {
+            sampler: sdk.sampler,
+            limits: sdk.span_limits,
+            processor: batch,
+            scope: InstrumentationScope::builder(env!("CARGO_CRATE_NAME")).build(),
+            ids: RandomIdGenerator::default(),
+        });
         ENABLED.store(true, Ordering::Relaxed);
         Ok(Some(Traces {
             provider,

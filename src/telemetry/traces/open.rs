@@ -10,7 +10,6 @@
 //! span is listed here while it is open, and the last finalizer ends those
 //! left, with an error status saying why ([`end_all`]).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
@@ -33,14 +32,49 @@ pub const ABANDONED: &str = "abandoned: the shutdown deadline passed";
 pub const CLIENT_WENT_AWAY: &str = "cancelled: the client went away before the answer";
 
 /// The open spans, by registration number.
-static OPEN: Mutex<Option<HashMap<u64, Context>>> = Mutex::new(None);
+static OPEN: Mutex<Option<Listed>> = Mutex::new(None);
+
+/// The open spans: slots taken and freed as spans start and end, each
+/// holding its registration number (a slot is reused; a number never is).
+#[derive(Debug, Default)]
+struct Listed {
+    slots: Vec<Option<(u64, Context)>>,
+    free: Vec<usize>,
+}
+
+impl Listed {
+    /// Lists `context` as `number`; says in which slot.
+    fn insert(&mut self, number: u64, context: Context) -> usize {
+        match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot] = Some((number, context));
+                slot
+            }
+            None => {
+                self.slots.push(Some((number, context)));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    /// Takes `number` out of `slot`, if it is still there.
+    fn remove(&mut self, slot: usize, number: u64) -> Option<Context> {
+        let entry = self.slots.get_mut(slot)?;
+        if entry.as_ref().is_some_and(|(listed, _)| *listed == number) {
+            self.free.push(slot);
+            entry.take().map(|(_, context)| context)
+        } else {
+            None
+        }
+    }
+}
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
 /// The lifecycle's timeline: has it abandoned the remaining requests?
 static LIFECYCLE: OnceLock<Watch> = OnceLock::new();
 
-fn open() -> MutexGuard<'static, Option<HashMap<u64, Context>>> {
+fn open() -> MutexGuard<'static, Option<Listed>> {
     // A panic while the map was held left it whole: each operation is one
     // insert or remove.
     OPEN.lock().unwrap_or_else(PoisonError::into_inner)
@@ -60,6 +94,7 @@ pub fn judge_by(watch: &Watch) {
 #[derive(Debug)]
 pub struct Registration {
     number: u64,
+    slot: usize,
     context: Context,
 }
 
@@ -67,10 +102,14 @@ impl Registration {
     /// Lists the span of `context`.
     pub fn new(context: Context) -> Registration {
         let number = NEXT.fetch_add(1, Ordering::Relaxed);
-        open()
-            .get_or_insert_with(HashMap::new)
+        let slot = open()
+            .get_or_insert_with(Listed::default)
             .insert(number, context.clone());
-        Registration { number, context }
+        Registration {
+            number,
+            slot,
+            context,
+        }
     }
 
     /// The span's context: its trace and span ids.
@@ -81,7 +120,9 @@ impl Registration {
     /// Ends the span now, unless [`end_all`] did; one that got no answer
     /// ends in error.
     pub fn end(self, answered: bool) {
-        let listed = open().as_mut().and_then(|open| open.remove(&self.number));
+        let listed = open()
+            .as_mut()
+            .and_then(|open| open.remove(self.slot, self.number));
         let Some(context) = listed else {
             return;
         };
@@ -101,11 +142,13 @@ impl Registration {
 /// how many there were.
 pub fn end_all(why: &'static str) -> usize {
     let left = open().take().unwrap_or_default();
-    for context in left.values() {
-        fail(context, why);
+    let mut ended = 0;
+    for (_, context) in left.slots.into_iter().flatten() {
+        fail(&context, why);
         context.span().end();
+        ended += 1;
     }
-    left.len()
+    ended
 }
 
 fn fail(context: &Context, why: &'static str) {

@@ -1,33 +1,565 @@
-//! A request's server span: the `request` span of the logs (method, route,
-//! request id, then status and latency), made up front, and the
-//! OpenTelemetry span of the request as the HTTP semantic conventions
-//! describe it — named `METHOD route`, kind server, a child of the caller's
-//! trace when a `traceparent` came with the request, with `trace_id` among
-//! its fields so that every line the request logs carries it.
+//! A request's trace, decided once at the edge.
 //!
-//! It ends when the [`ServerSpan`] is dropped — in error if no answer was
-//! recorded — and is listed meanwhile, so that the last flush can end the
-//! spans of requests the shutdown abandoned ([`super::open`]).
+//! [`Edge::of`] takes the sampling decision before anything is built: from
+//! the caller's `traceparent` and the configured sampler (the standard
+//! `OTEL_TRACES_SAMPLER` and its argument, read as the SDK reads them). A
+//! request not sampled builds no OpenTelemetry span, no attribute and
+//! nothing for the exporter; it keeps only its trace id (the caller's, or
+//! the one drawn for the sampler), for its log lines. A request sampled gets its server span, as the HTTP semantic
+//! conventions describe it — named `METHOD route`, kind server, a child of
+//! the caller's span — recorded straight into the SDK's span data
+//! ([`super::span`]) and handed to the batch processor when it ends: no
+//! `tracing` span, no per-poll bookkeeping, no attribute written twice.
+//!
+//! While a request is polled inside [`Edge::enter`], the spans that exist
+//! for traces only (`traced_span!`: a database call) know its decision: a
+//! request not sampled makes none; a sampled one makes them as children of
+//! its server span, which is the current OpenTelemetry context meanwhile.
+//! Work a request hands to another task takes the decision along with
+//! [`carry`].
+//!
+//! The span ends when the request's [`Sampled`] is dropped — in error if no
+//! answer was recorded — and is listed meanwhile, so that the last flush
+//! can end the spans of requests the shutdown abandoned ([`super::open`]).
+//!
+//! [`ServerSpan`] puts the two together for a service without lazy request
+//! spans: the edge's decision, and the `request` span of the logs with the
+//! trace id among its fields.
 
-use axum::http::header::{HOST, USER_AGENT};
-use axum::http::{Request, Version};
-use opentelemetry::trace::{Status, TraceContextExt};
-use opentelemetry::KeyValue;
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context as TaskContext, Poll};
+
+use axum::http::header::{HeaderName, HOST, USER_AGENT};
+use axum::http::{Method, Request, Version};
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
+};
+use opentelemetry::{Context, InstrumentationScope, KeyValue};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, SamplingDecision, ShouldSample, SpanData, SpanEvents,
+    SpanLimits, SpanLinks, SpanProcessor,
+};
 use tracing::{Level, Metadata, Value};
 use tracing_core::callsite::DefaultCallsite;
 use tracing_core::field::FieldSet;
 use tracing_core::metadata::Kind;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::open::Registration;
+use super::span::Recorded;
 
-/// The span's callsite, made by hand: its name is the logs' `request`, its
-/// fields those of the logs, the trace id, and the OpenTelemetry span's
-/// name and kind (which the logs leave out, [`super::fields`]).
+/// What a server span needs: the sampler, the limits, where ended spans
+/// go, and the scope they are reported under.
+#[derive(Debug)]
+pub(super) struct Pipeline {
+    pub(super) sampler: Box<dyn ShouldSample>,
+    pub(super) limits: SpanLimits,
+    pub(super) processor: Arc<dyn SpanProcessor>,
+    pub(super) scope: InstrumentationScope,
+    pub(super) ids: RandomIdGenerator,
+}
+
+/// The process's pipeline, once traces are exported.
+static PIPELINE: OnceLock<Pipeline> = OnceLock::new();
+
+/// Makes `pipeline` the one every request's edge uses.
+pub(super) fn install(pipeline: Pipeline) {
+    let _ = PIPELINE.set(pipeline);
+}
+
+/// What the request being polled on this thread decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Polled {
+    /// No request (background work, or a request with traces off).
+    Outside,
+    /// A request not sampled: it makes no span.
+    NotSampled,
+    /// A sampled request: its server span is the current context.
+    Sampled,
+}
+
+thread_local! {
+    static POLLED: Cell<Polled> = const { Cell::new(Polled::Outside) };
+    /// The server span's context while a sampled request is polled: made
+    /// current only for a span made then ([`in_request_context`]), not at
+    /// every poll.
+    static CONTEXT: Cell<Option<Context>> = const { Cell::new(None) };
+}
+
+/// `true` unless the request being polled on this thread was not sampled:
+/// whether a span made now for traces only would be wasted.
+pub(super) fn polled_is_sampled() -> bool {
+    POLLED.try_with(Cell::get) != Ok(Polled::NotSampled)
+}
+
+/// Runs `f` (which makes a span) with the polled request's server span as
+/// the current OpenTelemetry context, so that the span made is its child.
+pub fn in_request_context<R>(f: impl FnOnce() -> R) -> R {
+    let Ok(context) = CONTEXT.try_with(Cell::take) else {
+        return f();
+    };
+    let attached = context.clone().map(Context::attach);
+    let made = f();
+    drop(attached);
+    let _ = CONTEXT.try_with(|cell| cell.set(context));
+    made
+}
+
+/// A request's trace, as decided at its edge: two words, in every
+/// request's future whether traces are on or not.
+#[derive(Debug, Default)]
+pub enum Edge {
+    /// Traces are off.
+    #[default]
+    Off,
+    /// Not sampled: the request makes no span.
+    NotSampled,
+    /// Sampled: its server span.
+    Sampled(Box<Sampled>),
+}
+
+impl Edge {
+    /// The decision for `request`, on `route` (`None`: no route matched),
+    /// named `request_id`, and the trace id its log lines carry (the
+    /// caller's, or the one drawn for the sampler); nothing with traces
+    /// off.
+    pub fn of<B>(
+        request: &Request<B>,
+        route: Option<&str>,
+        request_id: Option<&str>,
+    ) -> (Edge, Option<TraceId>) {
+        match PIPELINE.get() {
+            Some(pipeline) => pipeline.edge(request, route, request_id),
+            None => (Edge::Off, None),
+        }
+    }
+
+    /// `true` if the request is sampled: it has a server span.
+    pub fn is_sampled(&self) -> bool {
+        matches!(self, Edge::Sampled(_))
+    }
+
+    /// Records the answer's status, as the conventions say: the code, and a
+    /// 5xx in error.
+    pub fn answer(&mut self, status: u16) {
+        if let Edge::Sampled(sampled) = self {
+            sampled.answer(status);
+        }
+    }
+
+    /// Enters the decision for one poll of the request: until the guard is
+    /// dropped, `traced_span!` makes spans only if the request is sampled,
+    /// and then as children of its server span.
+    #[inline]
+    pub fn enter(&mut self) -> Entered<'_> {
+        match self {
+            Edge::Off => Entered::none(),
+            Edge::NotSampled => Entered::new(Polled::NotSampled, None),
+            Edge::Sampled(sampled) => Entered::new(Polled::Sampled, Some(&mut sampled.context)),
+        }
+    }
+}
+
+/// One poll inside a request's decision ([`Edge::enter`]).
+#[derive(Debug)]
+#[must_use = "the decision holds while the guard lives"]
+pub struct Entered<'a> {
+    previous: Option<Polled>,
+    /// Where the request keeps its context between polls, and the context
+    /// of the request polled around this one.
+    context: Option<(&'a mut Option<Context>, Option<Context>)>,
+}
+
+impl<'a> Entered<'a> {
+    #[inline]
+    fn none() -> Entered<'a> {
+        Entered {
+            previous: None,
+            context: None,
+        }
+    }
+
+    fn new(polled: Polled, context: Option<&'a mut Option<Context>>) -> Entered<'a> {
+        let Ok(previous) = POLLED.try_with(|cell| cell.replace(polled)) else {
+            // The thread is ending and its locals are gone.
+            return Entered::none();
+        };
+        // Moved into the thread's slot, and back when the poll ends: no
+        // reference count touched.
+        let context = context.map(|slot| {
+            let mine = slot.take();
+            let outer = CONTEXT.with(|cell| cell.replace(mine));
+            (slot, outer)
+        });
+        Entered {
+            previous: Some(previous),
+            context,
+        }
+    }
+}
+
+impl Drop for Entered<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous {
+            let _ = POLLED.try_with(|cell| cell.set(previous));
+        }
+        if let Some((slot, outer)) = self.context.take() {
+            if let Ok(mine) = CONTEXT.try_with(|cell| cell.replace(outer)) {
+                *slot = mine;
+            }
+        }
+    }
+}
+
+/// `future`, polled inside the decision of the request polled now: for
+/// work a request hands to a task of its own.
+pub fn carry<F: Future>(future: F) -> Carried<F> {
+    let polled = POLLED.try_with(Cell::get).unwrap_or(Polled::Outside);
+    let context = if polled == Polled::Sampled {
+        CONTEXT
+            .try_with(|cell| {
+                let context = cell.take();
+                let copy = context.clone();
+                cell.set(context);
+                copy
+            })
+            .ok()
+            .flatten()
+    } else {
+        None
+    };
+    Carried {
+        future,
+        polled,
+        context,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A future polled inside a request's decision ([`carry`]).
+    #[derive(Debug)]
+    pub struct Carried<F> {
+        #[pin]
+        future: F,
+        polled: Polled,
+        context: Option<Context>,
+    }
+}
+
+impl<F: Future> Future for Carried<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let _entered = match *this.polled {
+            Polled::Outside => Entered::none(),
+            Polled::NotSampled => Entered::new(Polled::NotSampled, None),
+            Polled::Sampled => Entered::new(Polled::Sampled, Some(this.context)),
+        };
+        this.future.poll(cx)
+    }
+}
+
+impl Pipeline {
+    /// The decision for `request`, taken before anything is built.
+    fn edge<B>(
+        &self,
+        request: &Request<B>,
+        route: Option<&str>,
+        request_id: Option<&str>,
+    ) -> (Edge, Option<TraceId>) {
+        let headers = request.headers();
+        // Most requests carry no trace: no context to parse then.
+        let parent = if headers.contains_key(TRACEPARENT) {
+            super::parent_context(headers)
+        } else {
+            Context::new()
+        };
+        let parent_span = parent.span();
+        let caller = parent_span.span_context();
+        let from_caller = caller.is_valid();
+        let trace_id = if from_caller {
+            caller.trace_id()
+        } else {
+            self.ids.new_trace_id()
+        };
+        let method = request.method().as_str();
+        let sampling = self.sampler.should_sample(
+            Some(&parent),
+            trace_id,
+            route.unwrap_or(method),
+            &SpanKind::Server,
+            &[],
+            &[],
+        );
+        if sampling.decision != SamplingDecision::RecordAndSample {
+            // The id drawn for the sampler stays the request's in its log
+            // lines, as an SDK span's would.
+            return (Edge::NotSampled, Some(trace_id));
+        }
+        let context = SpanContext::new(
+            trace_id,
+            self.ids.new_span_id(),
+            TraceFlags::SAMPLED,
+            false,
+            sampling.trace_state,
+        );
+        let mut attributes = attributes(request, method, route);
+        if let Some(id) = request_id {
+            // What the logs and the answer's `x-request-id` name it by.
+            attributes.push(KeyValue::new("request_id", id.to_owned()));
+        }
+        if !sampling.attributes.is_empty() {
+            attributes.extend(sampling.attributes);
+        }
+        let start_time = opentelemetry::time::now();
+        let data = SpanData {
+            span_context: context,
+            parent_span_id: if from_caller {
+                caller.span_id()
+            } else {
+                SpanId::INVALID
+            },
+            parent_span_is_remote: from_caller && caller.is_remote(),
+            span_kind: SpanKind::Server,
+            name: name(method, route).into(),
+            start_time,
+            end_time: start_time,
+            attributes,
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: Status::Unset,
+            instrumentation_scope: self.scope.clone(),
+        };
+        let span = Recorded::new(data, self.limits, Arc::clone(&self.processor));
+        let context = parent.with_span(span);
+        let sampled = Sampled {
+            context: Some(context.clone()),
+            registration: Some(Registration::new(context)),
+            answered: false,
+        };
+        (Edge::Sampled(Box::new(sampled)), Some(trace_id))
+    }
+}
+
+/// A span of work done for the request polled now (a database call),
+/// built straight for the exporter as the server span is: a child of the
+/// server span if the request is sampled, nothing if it is not (or traces
+/// are off), and outside any request a root of its own, sampled as the
+/// configured sampler samples a root. It ends when dropped. One word in the
+/// future of the call it times, whether traces are on or off.
+#[derive(Debug)]
+pub struct ChildSpan(Option<Box<Recorded>>);
+
+impl ChildSpan {
+    /// Starts the span `name` of `kind`, with the `attributes` made only if
+    /// it is recorded.
+    pub fn start(
+        name: &'static str,
+        kind: SpanKind,
+        attributes: impl FnOnce() -> Vec<KeyValue>,
+    ) -> ChildSpan {
+        let Some(pipeline) = PIPELINE.get() else {
+            return ChildSpan(None);
+        };
+        let polled = POLLED.try_with(Cell::get).unwrap_or(Polled::Outside);
+        let parent = match polled {
+            Polled::NotSampled => return ChildSpan(None),
+            Polled::Sampled => CONTEXT
+                .try_with(|cell| {
+                    let context = cell.take();
+                    let parent = context.as_ref().map(|c| c.span().span_context().clone());
+                    cell.set(context);
+                    parent
+                })
+                .ok()
+                .flatten(),
+            Polled::Outside => None,
+        };
+        let (trace_id, parent_span_id, trace_state) = match parent {
+            Some(parent) => (
+                parent.trace_id(),
+                parent.span_id(),
+                parent.trace_state().clone(),
+            ),
+            None => {
+                let trace_id = pipeline.ids.new_trace_id();
+                let sampling = pipeline.sampler.should_sample(
+                    Some(&Context::new()),
+                    trace_id,
+                    name,
+                    &kind,
+                    &[],
+                    &[],
+                );
+                if sampling.decision != SamplingDecision::RecordAndSample {
+                    return ChildSpan(None);
+                }
+                (trace_id, SpanId::INVALID, sampling.trace_state)
+            }
+        };
+        let start_time = opentelemetry::time::now();
+        let data = SpanData {
+            span_context: SpanContext::new(
+                trace_id,
+                pipeline.ids.new_span_id(),
+                TraceFlags::SAMPLED,
+                false,
+                trace_state,
+            ),
+            parent_span_id,
+            parent_span_is_remote: false,
+            span_kind: kind,
+            name: name.into(),
+            start_time,
+            end_time: start_time,
+            attributes: attributes(),
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: Status::Unset,
+            instrumentation_scope: pipeline.scope.clone(),
+        };
+        let processor = Arc::clone(&pipeline.processor);
+        ChildSpan(Some(Box::new(Recorded::new(
+            data,
+            pipeline.limits,
+            processor,
+        ))))
+    }
+
+    /// `true` if the span is recorded (and will be exported).
+    pub fn is_recording(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Marks the span failed: the error's `kind` as `error.type`, and the
+    /// error as the status's description.
+    pub fn fail(&mut self, kind: &str, error: &dyn std::fmt::Display) {
+        use opentelemetry::trace::Span as _;
+        if let Some(span) = &mut self.0 {
+            span.set_attribute(KeyValue::new("error.type", kind.to_owned()));
+            span.set_status(Status::error(error.to_string()));
+        }
+    }
+}
+
+/// A sampled request's server span, listed among the open ones until it
+/// ends.
+#[derive(Debug)]
+pub struct Sampled {
+    registration: Option<Registration>,
+    /// The span's context, for the spans made while the request is polled
+    /// ([`Edge::enter`]): in the thread's slot meanwhile.
+    context: Option<Context>,
+    answered: bool,
+}
+
+impl Sampled {
+    fn answer(&mut self, status: u16) {
+        self.answered = true;
+        let Some(context) = self.registration.as_ref().map(Registration::context) else {
+            return;
+        };
+        let span = context.span();
+        span.set_attribute(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ));
+        if status >= 500 {
+            span.set_attribute(KeyValue::new("error.type", status.to_string()));
+            span.set_status(Status::error(""));
+        }
+    }
+}
+
+impl Drop for Sampled {
+    fn drop(&mut self) {
+        if let Some(registration) = self.registration.take() {
+            registration.end(self.answered);
+        }
+    }
+}
+
+/// The W3C trace context's header.
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+
+/// The span's name, as the conventions give it: the method and the route's
+/// template; the method alone for no route, so that names stay few.
+fn name(method: &str, route: Option<&str>) -> String {
+    let route = route.unwrap_or("");
+    let mut name = String::with_capacity(method.len() + 1 + route.len());
+    name.push_str(method);
+    if !route.is_empty() {
+        name.push(' ');
+        name.push_str(route);
+    }
+    name
+}
+
+/// The HTTP server span's attributes, as OpenTelemetry's semantic
+/// conventions name them.
+fn attributes<B>(request: &Request<B>, method: &str, route: Option<&str>) -> Vec<KeyValue> {
+    let mut attributes = Vec::with_capacity(9);
+    // The standard methods are static strings: no copy.
+    let method_value = match *request.method() {
+        Method::GET => opentelemetry::Value::from("GET"),
+        Method::HEAD => opentelemetry::Value::from("HEAD"),
+        Method::POST => opentelemetry::Value::from("POST"),
+        Method::PUT => opentelemetry::Value::from("PUT"),
+        Method::DELETE => opentelemetry::Value::from("DELETE"),
+        Method::PATCH => opentelemetry::Value::from("PATCH"),
+        Method::OPTIONS => opentelemetry::Value::from("OPTIONS"),
+        _ => opentelemetry::Value::from(method.to_owned()),
+    };
+    attributes.push(KeyValue::new("http.request.method", method_value));
+    attributes.push(KeyValue::new("url.path", request.uri().path().to_owned()));
+    if let Some(route) = route {
+        attributes.push(KeyValue::new("http.route", route.to_owned()));
+    }
+    let version = match request.version() {
+        Version::HTTP_10 => Some("1.0"),
+        Version::HTTP_11 => Some("1.1"),
+        Version::HTTP_2 => Some("2"),
+        _ => None,
+    };
+    if let Some(version) = version {
+        attributes.push(KeyValue::new("network.protocol.version", version));
+    }
+    // `Host` and `User-Agent` in one pass over the few headers a request
+    // has, rather than a hashed look-up each.
+    let (mut host, mut agent) = (request.uri().host(), None);
+    for (name, value) in request.headers() {
+        if *name == HOST && host.is_none() {
+            host = value.to_str().ok();
+        } else if *name == USER_AGENT && agent.is_none() {
+            agent = value.to_str().ok();
+        }
+    }
+    if let Some(host) = host {
+        // `Host` may carry a port; an IPv6 literal keeps its brackets.
+        let address = match host.rsplit_once(':') {
+            Some((address, port)) if !port.contains(']') => address,
+            _ => host,
+        };
+        attributes.push(KeyValue::new("server.address", address.to_owned()));
+    }
+    if let Some(agent) = agent {
+        attributes.push(KeyValue::new("user_agent.original", agent.to_owned()));
+    }
+    attributes
+}
+
+/// The `request` span's callsite, for a service whose request spans are
+/// made up front ([`ServerSpan`]): its fields are the logs', and the trace
+/// id. A span for the logs only, never exported ([`is_log_span`]).
 static CALLSITE: DefaultCallsite = DefaultCallsite::new(&META);
 
-/// At `ERROR` level, like the lazy request span: no log filter leaves it
-/// out of a request's lines.
+/// At `ERROR` level: no log filter leaves it out of a request's lines.
 static META: Metadata<'static> = Metadata::new(
     "request",
     concat!(env!("CARGO_CRATE_NAME"), "::http"),
@@ -43,142 +575,75 @@ static META: Metadata<'static> = Metadata::new(
             "trace_id",
             "status",
             "latency_ms",
-            "otel.name",
-            "otel.kind",
         ],
         tracing_core::identify_callsite!(&CALLSITE),
     ),
     Kind::SPAN,
 );
 
-/// A request's server span, and its place among the open ones.
+/// `true` for [`ServerSpan`]'s log span: the trace layer leaves it out.
+pub fn is_log_span(metadata: &Metadata<'_>) -> bool {
+    metadata.callsite() == META.callsite()
+}
+
+/// A request's edge and its log span, made up front: for a service whose
+/// subscriber makes every span it is given.
 #[derive(Debug)]
 pub struct ServerSpan {
+    edge: Edge,
     span: tracing::Span,
-    registration: Option<Registration>,
-    answered: bool,
 }
 
 impl ServerSpan {
-    /// The span of `request`, on `route` (`None`: no route matched),
-    /// carrying `request_id`; `None` if the subscriber does not want it.
+    /// The trace of `request`, on `route` (`None`: no route matched), and
+    /// its log span carrying `request_id` and the trace id.
     pub fn new<B>(
         request: &Request<B>,
         route: Option<&str>,
         request_id: Option<&str>,
-    ) -> Option<ServerSpan> {
-        if CALLSITE.interest().is_never()
+    ) -> ServerSpan {
+        let (edge, trace_id) = Edge::of(request, route, request_id);
+        let span = if CALLSITE.interest().is_never()
             || !tracing::dispatcher::get_default(|dispatch| dispatch.enabled(&META))
         {
-            return None;
-        }
-        let method = request.method().as_str();
-        // The conventions' name: the method and the route's template; the
-        // method alone for no route, so that names stay few.
-        let name = match route {
-            Some(route) => format!("{method} {route}"),
-            None => method.to_owned(),
+            tracing::Span::none()
+        } else {
+            let fields = META.fields();
+            let field = |name| fields.field(name).expect("a field of META");
+            let method = request.method().as_str();
+            let route = route.unwrap_or("unmatched");
+            let id = request_id.unwrap_or("");
+            let trace_id = trace_id.map(tracing::field::display);
+            let values = [
+                (&field("method"), Some(&method as &dyn Value)),
+                (&field("route"), Some(&route as &dyn Value)),
+                (&field("request_id"), Some(&id as &dyn Value)),
+                (
+                    &field("trace_id"),
+                    trace_id.as_ref().map(|id| id as &dyn Value),
+                ),
+            ];
+            tracing::Span::new(&META, &fields.value_set(&values))
         };
-        let fields = META.fields();
-        let field = |name| fields.field(name).expect("a field of META");
-        let (method_field, route_field, id_field) =
-            (field("method"), field("route"), field("request_id"));
-        let (name_field, kind_field) = (field("otel.name"), field("otel.kind"));
-        let route_value = route.unwrap_or("unmatched");
-        let id = request_id.unwrap_or("");
-        let values = [
-            (&method_field, Some(&method as &dyn Value)),
-            (&route_field, Some(&route_value as &dyn Value)),
-            (&id_field, Some(&id as &dyn Value)),
-            (&name_field, Some(&name.as_str() as &dyn Value)),
-            (&kind_field, Some(&"server" as &dyn Value)),
-        ];
-        let span = tracing::Span::new(&META, &fields.value_set(&values));
-        // Before the span starts in OpenTelemetry, which `context` does.
-        let _ = span.set_parent(super::parent_context(request.headers()));
-        let context = span.context();
-        let registration = context.span().span_context().is_valid().then(|| {
-            let otel = context.span();
-            let trace_id = otel.span_context().trace_id();
-            span.record("trace_id", tracing::field::display(trace_id));
-            otel.set_attributes(attributes(request, method, route));
-            Registration::new(context.clone())
-        });
-        Some(ServerSpan {
-            span,
-            registration,
-            answered: false,
+        ServerSpan { edge, span }
+    }
+
+    /// `future` (the request), polled in its log span and its decision.
+    pub async fn run<F: Future>(&mut self, future: F) -> F::Output {
+        let mut future = std::pin::pin!(future);
+        std::future::poll_fn(|cx| {
+            let _entered = self.span.enter();
+            let _decided = self.edge.enter();
+            future.as_mut().poll(cx)
         })
+        .await
     }
 
-    /// The `tracing` span, to enter while the request is polled.
-    pub fn span(&self) -> &tracing::Span {
-        &self.span
-    }
-
-    /// Records the answer: status and latency on the span (and so on the
-    /// log lines); the status code as the conventions say, a 5xx in error.
+    /// Records the answer: status and latency on the log span, the status
+    /// on the server span.
     pub fn answer(&mut self, status: u16, latency_ms: f64) {
-        self.answered = true;
         self.span.record("status", status);
         self.span.record("latency_ms", latency_ms);
-        let Some(registration) = &self.registration else {
-            return;
-        };
-        let span = registration.context().span();
-        span.set_attribute(KeyValue::new(
-            "http.response.status_code",
-            i64::from(status),
-        ));
-        if status >= 500 {
-            span.set_attribute(KeyValue::new("error.type", status.to_string()));
-            span.set_status(Status::error(""));
-        }
+        self.edge.answer(status);
     }
-}
-
-impl Drop for ServerSpan {
-    fn drop(&mut self) {
-        if let Some(registration) = self.registration.take() {
-            registration.end(self.answered);
-        }
-    }
-}
-
-/// The HTTP server span's attributes, as OpenTelemetry's semantic
-/// conventions name them.
-fn attributes<B>(request: &Request<B>, method: &str, route: Option<&str>) -> Vec<KeyValue> {
-    let mut attributes = vec![
-        KeyValue::new("http.request.method", method.to_owned()),
-        KeyValue::new("url.path", request.uri().path().to_owned()),
-    ];
-    if let Some(route) = route {
-        attributes.push(KeyValue::new("http.route", route.to_owned()));
-    }
-    let version = match request.version() {
-        Version::HTTP_10 => Some("1.0"),
-        Version::HTTP_11 => Some("1.1"),
-        Version::HTTP_2 => Some("2"),
-        _ => None,
-    };
-    if let Some(version) = version {
-        attributes.push(KeyValue::new("network.protocol.version", version));
-    }
-    let host = request
-        .uri()
-        .host()
-        .or_else(|| request.headers().get(HOST)?.to_str().ok());
-    if let Some(host) = host {
-        // `Host` may carry a port; an IPv6 literal keeps its brackets.
-        let address = match host.rsplit_once(':') {
-            Some((address, port)) if !port.contains(']') => address,
-            _ => host,
-        };
-        attributes.push(KeyValue::new("server.address", address.to_owned()));
-    }
-    let agent = request.headers().get(USER_AGENT);
-    if let Some(agent) = agent.and_then(|agent| agent.to_str().ok()) {
-        attributes.push(KeyValue::new("user_agent.original", agent.to_owned()));
-    }
-    attributes
 }

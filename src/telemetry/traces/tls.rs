@@ -6,28 +6,25 @@
 //! `OTEL_EXPORTER_OTLP_CERTIFICATE`, which the SDK (0.33) does not read:
 //! a private collector's CA, trusted beside the defaults, never instead.
 //!
-//! The SDK's own gRPC default for an `https://` endpoint trusts no root at
-//! all (an empty `ClientTlsConfig`), and its HTTP default is a client built
-//! with the export timeout only; here both are built with the roots above,
-//! and the HTTP client keeps the SDK's timeout.
+//! The SDK exporter's own gRPC default for an `https://` endpoint trusts no
+//! root at all (an empty `ClientTlsConfig`), and its HTTP default is a
+//! client built with the export timeout only; here both are built with the
+//! roots above, and the HTTP client has the export's timeout.
 //!
-//! A certificate refused says why once: over gRPC in the exporter's warning
-//! that exports are failing; over HTTP, whose failures the SDK reports only
-//! as a "network error", in the verifier's own error, which is then left out
-//! of the logs until an export succeeds ([`RefusalsOnce`]).
+//! A certificate refused says why once, in the exporter's warning that
+//! exports are failing, over either transport; the HTTP client's verifier,
+//! which says so at every attempt, is left out of the logs
+//! ([`VerifierErrors`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use opentelemetry_otlp::tonic_types::transport::ClientTlsConfig;
-use opentelemetry_otlp::ExporterBuildError;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SpanData, SpanExporter};
-use opentelemetry_sdk::Resource;
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, TrustAnchor};
 use rustls::RootCertStore;
+use tonic::transport::ClientTlsConfig;
+
+use super::export::ExporterError;
 
 /// The standard variable: a PEM file of CA certificates for every signal.
 pub(super) const CERTIFICATE: &str = "OTEL_EXPORTER_OTLP_CERTIFICATE";
@@ -143,18 +140,18 @@ pub(super) fn grpc(extra: Option<&ExtraRoots>) -> ClientTlsConfig {
     }
 }
 
-/// The OTLP/HTTP exporter's client: reqwest's blocking one, as the SDK
-/// would build it (the export timeout, `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`
-/// or `OTEL_EXPORTER_OTLP_TIMEOUT`, on each request), trusting the system's
-/// roots and `extra`. Built on a thread of its own, as the SDK does: the
-/// blocking client starts a runtime and waits for it, which panics on one.
+/// The OTLP/HTTP exporter's client: reqwest's blocking one, with the
+/// export's `timeout` on each request, trusting the system's roots and
+/// `extra`. Built on a thread of its own: the blocking client starts a
+/// runtime and waits for it, which panics on one.
 ///
 /// # Errors
-/// If the client cannot be built, as the SDK reports it: among other
-/// reasons, no root at all (no system store, and no `extra`).
+/// If the client cannot be built: among other reasons, no root at all (no
+/// system store, and no `extra`).
 pub(super) fn http_client(
     extra: Option<&ExtraRoots>,
-) -> Result<otlp_http_client::blocking::Client, ExporterBuildError> {
+    timeout: Duration,
+) -> Result<otlp_http_client::blocking::Client, ExporterError> {
     let certificates = extra.map_or(&[][..], |extra| &extra.certificates[..]);
     let certificates = certificates
         .iter()
@@ -162,7 +159,7 @@ pub(super) fn http_client(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|error| failed("read the extra roots", &error))?;
     let builder = otlp_http_client::blocking::Client::builder()
-        .timeout(export_timeout())
+        .timeout(timeout)
         .tls_certs_merge(certificates);
     std::thread::Builder::new()
         .name("otlp http client".into())
@@ -173,50 +170,27 @@ pub(super) fn http_client(
         .map_err(|error| failed("build it", &error))
 }
 
-/// The SDK's error for a client that could not be built, with every cause:
-/// reqwest's own message is only "builder error".
-fn failed(step: &str, error: &dyn std::error::Error) -> ExporterBuildError {
+/// A client that could not be built, with every cause: reqwest's own
+/// message is only "builder error".
+fn failed(step: &str, error: &dyn std::error::Error) -> ExporterError {
     let error = lameduck_lifecycle::error_chain(error);
-    ExporterBuildError::InternalFailure(format!("the HTTP client: cannot {step}: {error}"))
+    ExporterError::new(format!("the HTTP client: cannot {step}: {error}"))
 }
 
-/// One export's timeout, resolved as the SDK resolves it (it does not say):
-/// the traces' variable if it is a number of milliseconds, else the
-/// general one's, else the SDK's default (10 s).
-fn export_timeout() -> Duration {
-    use opentelemetry_otlp::{
-        OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_EXPORTER_OTLP_TIMEOUT_DEFAULT,
-        OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
-    };
-    [
-        OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
-        OTEL_EXPORTER_OTLP_TIMEOUT,
-    ]
-    .into_iter()
-    .find_map(|variable| std::env::var(variable).ok()?.parse().ok())
-    .map_or(OTEL_EXPORTER_OTLP_TIMEOUT_DEFAULT, Duration::from_millis)
-}
-
-// === A refusal, told once ===
-
-/// Whether the HTTP client's verifier has refused a certificate since the
-/// last export that succeeded, and the logs said so.
-static REFUSAL_TOLD: AtomicBool = AtomicBool::new(false);
+// === A refusal, told by the exporter ===
 
 /// The logs' filter that leaves out the HTTP client's verifier
-/// (`rustls-platform-verifier`, whose only error it is) saying again that
-/// it refused the collector's certificate. It says so at every attempt —
-/// four a batch with the SDK's retries, a batch every few seconds — and the
-/// first one, beside the exporter's warning that exports are failing, is
-/// all a reader needs until an export succeeds ([`Retold`]).
+/// (`rustls-platform-verifier`, whose only error it is) saying it refused
+/// the collector's certificate. It says so at every attempt, a batch every
+/// few seconds; the exporter's warning that exports are failing carries the
+/// same cause, once until an export succeeds ([`super::count`]).
 ///
 /// It decides on the event, not on its metadata: `log`'s records reach
-/// `tracing` under a target of `log`, the crate's being a field, and are
-/// asked about twice before they are logged.
+/// `tracing` under a target of `log`, the crate's being a field.
 #[derive(Debug)]
-pub(super) struct RefusalsOnce;
+pub(super) struct VerifierErrors;
 
-impl<S> tracing_subscriber::layer::Filter<S> for RefusalsOnce {
+impl<S> tracing_subscriber::layer::Filter<S> for VerifierErrors {
     fn enabled(
         &self,
         _: &tracing::Metadata<'_>,
@@ -235,7 +209,7 @@ impl<S> tracing_subscriber::layer::Filter<S> for RefusalsOnce {
         }
         let mut target = LogTarget(false);
         event.record(&mut target);
-        !(target.0 && REFUSAL_TOLD.swap(true, Ordering::Relaxed))
+        !target.0
     }
 }
 
@@ -250,34 +224,6 @@ impl tracing::field::Visit for LogTarget {
     }
 
     fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
-}
-
-/// The exporter, after whose first success a refused certificate is worth
-/// a line again: a collector that took spans and then refuses the
-/// handshake has changed its certificate.
-#[derive(Debug)]
-pub(super) struct Retold<E>(pub(super) E);
-
-impl<E: SpanExporter> SpanExporter for Retold<E> {
-    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        let result = self.0.export(batch).await;
-        if result.is_ok() {
-            REFUSAL_TOLD.store(false, Ordering::Relaxed);
-        }
-        result
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.0.shutdown_with_timeout(timeout)
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.0.force_flush()
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        self.0.set_resource(resource);
-    }
 }
 
 #[cfg(test)]
@@ -336,53 +282,34 @@ mod tests {
 
     impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Counting {
         fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
-    /// An exporter that takes every batch.
-    #[derive(Debug)]
-    struct Taking;
-
-    impl SpanExporter for Taking {
-        async fn export(&self, _: Vec<SpanData>) -> OTelSdkResult {
-            Ok(())
-        }
-    }
-
-    // The verifier's error, as `log` hands it to `tracing`, is logged once
-    // however many attempts fail, and once again after an export succeeded;
-    // other errors, and other crates' records, are not held back.
+    // The verifier's error, as `log` hands it to `tracing`, is left out
+    // however many attempts fail (the exporter's warning carries it); other
+    // errors, and other crates' records, are not held back.
     #[test]
-    fn a_refused_certificate_is_told_once_until_an_export_succeeds() {
+    fn a_refused_certificate_is_left_to_the_exporter_to_tell() {
         use tracing_subscriber::layer::SubscriberExt as _;
         use tracing_subscriber::Layer as _;
 
         let logged = std::sync::Arc::default();
-        let layer = Counting(std::sync::Arc::clone(&logged)).with_filter(RefusalsOnce);
+        let layer = Counting(std::sync::Arc::clone(&logged)).with_filter(VerifierErrors);
         let subscriber = tracing_subscriber::registry().with(layer);
-        let count = || logged.load(Ordering::Relaxed);
+        let count = || logged.load(std::sync::atomic::Ordering::Relaxed);
         let refused = || {
             let target = "rustls_platform_verifier::verification::others";
             tracing::error!(log.target = target, "failed to verify TLS certificate");
         };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("a runtime");
         tracing::subscriber::with_default(subscriber, || {
             refused();
             refused();
-            refused();
-            assert_eq!(count(), 1);
+            assert_eq!(count(), 0);
             tracing::error!(log.target = "hyper_util::client", "another crate's error");
             tracing::error!("the service's own error");
             tracing::warn!(log.target = "rustls_platform_verifier", "a warning");
-            assert_eq!(count(), 4);
-            let exported = runtime.block_on(Retold(Taking).export(Vec::new()));
-            exported.expect("an export that succeeds");
-            refused();
-            refused();
-            assert_eq!(count(), 5);
+            assert_eq!(count(), 3);
         });
     }
 }

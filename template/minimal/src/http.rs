@@ -15,7 +15,6 @@ use axum::routing::get;
 use axum::{Json, Router};
 use prometheus_client::registry::Registry;
 use serde_json::json;
-use tracing::Instrument;
 
 use lameduck_lifecycle::Watch;
 
@@ -40,23 +39,20 @@ pub(crate) fn public(api: Router, watch: Watch) -> Router {
     }
 }
 
-/// Runs `request` inside its server span (method, route, request id; the
-/// caller's `traceparent` continued), then records the answer's status and
-/// latency. A request dropped before its answer (the client went away, or
-/// the shutdown abandoned it) ends its span in error.
+/// Runs `request` inside its log span and its trace (decided here: the
+/// caller's `traceparent` continued, the sampler asked), then records the
+/// answer's status and latency. A sampled request dropped before its answer
+/// (the client went away, or the shutdown abandoned it) ends its span in
+/// error.
 async fn traced(request: Request, next: Next) -> Response {
-    let span = {
+    let mut span = {
         let route = request.extensions().get::<MatchedPath>();
         let id = request.headers().get(REQUEST_ID);
         let id = id.and_then(|id| id.to_str().ok());
         ServerSpan::new(&request, route.map(MatchedPath::as_str), id)
     };
-    // `None`: the subscriber does not want the span.
-    let Some(mut span) = span else {
-        return next.run(request).await;
-    };
     let started = Instant::now();
-    let response = next.run(request).instrument(span.span().clone()).await;
+    let response = span.run(next.run(request)).await;
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     span.answer(response.status().as_u16(), latency_ms);
     response

@@ -44,7 +44,7 @@ pub(crate) fn init(format: LogFormat, traces: Option<&Traces>) {
         LogFormat::Text => {
             let text = logs.fmt_fields(traces::fields::TextFields);
             let registry = tracing_subscriber::registry().with(text.with_filter(filter.and(traces::logged())));
-            registry.with(traces.layer().with_filter(Traces::FILTER)).try_init()
+            registry.with(traces.layer().with_filter(traces::exported())).try_init()
         }
         LogFormat::Json => {
             let json = logs
@@ -52,7 +52,7 @@ pub(crate) fn init(format: LogFormat, traces: Option<&Traces>) {
                 .flatten_event(true)
                 .fmt_fields(traces::fields::JsonFields);
             let registry = tracing_subscriber::registry().with(json.with_filter(filter.and(traces::logged())));
-            registry.with(traces.layer().with_filter(Traces::FILTER)).try_init()
+            registry.with(traces.layer().with_filter(traces::exported())).try_init()
         }
     };
 }

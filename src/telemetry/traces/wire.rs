@@ -1,0 +1,499 @@
+//! Spans to OTLP's protobuf bytes, written straight from the SDK's span
+//! data: an `ExportTraceServiceRequest`, as the OpenTelemetry protocol
+//! defines it (`opentelemetry/proto/collector/trace/v1`), with no message
+//! structs in between.
+//!
+//! The exporter of `opentelemetry-otlp` first copies every span into the
+//! generated message types (an allocation for each id, name, key and
+//! value), then encodes those: about 11,000 instructions a span, more than
+//! the whole budget of a span here. This writes the same message in one
+//! pass; the receiver the tests run decodes it with the generated types.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use opentelemetry::trace::{SpanId, SpanKind, Status, TraceFlags};
+use opentelemetry::{Array, InstrumentationScope, KeyValue, Value};
+use opentelemetry_sdk::trace::SpanData;
+use opentelemetry_sdk::Resource;
+use prost::encoding::{encoded_len_varint, WireType};
+
+/// The wire type of each kind of field, by what it holds.
+const LEN: WireType = WireType::LengthDelimited;
+
+/// `span.flags`: the context's `is_remote` is known (`0x100`), and set
+/// (`0x200`), as the SDK's own exporter writes them.
+const HAS_IS_REMOTE: u32 = 0x100;
+const IS_REMOTE: u32 = 0x200;
+
+/// The encoded `Resource` and `schema_url` of a process: the same for
+/// every export, so written once.
+#[derive(Debug, Default)]
+pub(super) struct Encoder {
+    resource: Vec<u8>,
+    schema_url: Option<String>,
+}
+
+impl Encoder {
+    /// Spans from now on are `resource`'s.
+    pub(super) fn set_resource(&mut self, resource: &Resource) {
+        self.resource.clear();
+        for (key, value) in resource.iter() {
+            let attribute = KeyValue::new(key.clone(), value.clone());
+            attribute_field(&mut self.resource, 1, &attribute);
+        }
+        self.schema_url = resource.schema_url().map(str::to_owned);
+    }
+
+    /// `spans` as one export request's body.
+    pub(super) fn request(&self, spans: &[SpanData]) -> Vec<u8> {
+        // Spans grouped by scope, in the order each scope first appears: a
+        // process has one or two, so a scan beats a map, and most spans
+        // are of the scope before them.
+        let mut scopes: Vec<&InstrumentationScope> = Vec::new();
+        let mut of_scope = Vec::with_capacity(spans.len());
+        let mut last = 0;
+        for span in spans {
+            let scope = &span.instrumentation_scope;
+            if scopes.get(last) != Some(&scope) {
+                last = match scopes.iter().position(|known| *known == scope) {
+                    Some(index) => index,
+                    None => {
+                        scopes.push(scope);
+                        scopes.len() - 1
+                    }
+                };
+            }
+            of_scope.push(last);
+        }
+        let mut request = Vec::with_capacity(spans.len() * 512 + self.resource.len() + 64);
+        // Lengths reserved at the size a batch's take: a prefix of three
+        // bytes up to 2 MiB, of two for a span up to 16 KiB.
+        message_sized(&mut request, 1, 3, |buf| {
+            message(buf, 1, |buf| buf.extend_from_slice(&self.resource));
+            for (index, scope) in scopes.into_iter().enumerate() {
+                message_sized(buf, 2, 3, |buf| {
+                    message(buf, 1, |buf| instrumentation_scope(buf, scope));
+                    for (span, _) in spans.iter().zip(&of_scope).filter(|(_, s)| **s == index) {
+                        message_sized(buf, 2, 2, |buf| span_fields(buf, span));
+                    }
+                    string(buf, 3, scope.schema_url().unwrap_or(""));
+                });
+            }
+            if let Some(url) = &self.schema_url {
+                string(buf, 3, url);
+            }
+        });
+        request
+    }
+}
+
+/// `value` as a varint, the one byte of most values here first.
+#[inline]
+fn encode_varint(mut value: u64, buf: &mut Vec<u8>) {
+    while value > 0x7f {
+        // The low seven bits, more to follow.
+        buf.push((value & 0x7f) as u8 | 0x80);
+        value >>= 7;
+    }
+    buf.push(value as u8);
+}
+
+/// A field's key: its number and wire type.
+#[inline]
+fn encode_key(tag: u32, wire_type: WireType, buf: &mut Vec<u8>) {
+    encode_varint(u64::from(tag << 3 | wire_type as u32), buf);
+}
+
+/// A length-delimited field `tag` holding `content`: its key and length
+/// written at once.
+fn bytes(buf: &mut Vec<u8>, tag: u32, content: &[u8]) {
+    let mut head = [0u8; 15];
+    let mut used = put_varint(&mut head, 0, u64::from(tag << 3 | LEN as u32));
+    used = put_varint(&mut head, used, content.len() as u64);
+    buf.reserve(used + content.len());
+    buf.extend_from_slice(&head[..used]);
+    buf.extend_from_slice(content);
+}
+
+/// Writes `value` as a varint into `into` at `at`; says where it ends.
+#[inline]
+fn put_varint(into: &mut [u8], mut at: usize, mut value: u64) -> usize {
+    while value > 0x7f {
+        into[at] = (value & 0x7f) as u8 | 0x80;
+        value >>= 7;
+        at += 1;
+    }
+    into[at] = value as u8;
+    at + 1
+}
+
+/// A string field, left out when empty (proto3's default).
+fn string(buf: &mut Vec<u8>, tag: u32, value: &str) {
+    if !value.is_empty() {
+        bytes(buf, tag, value.as_bytes());
+    }
+}
+
+/// A varint field (`uint32`, `int64`, an enum), left out when zero.
+fn varint(buf: &mut Vec<u8>, tag: u32, value: u64) {
+    if value != 0 {
+        encode_key(tag, WireType::Varint, buf);
+        encode_varint(value, buf);
+    }
+}
+
+/// A `fixed64` field, left out when zero.
+fn fixed64(buf: &mut Vec<u8>, tag: u32, value: u64) {
+    if value != 0 {
+        encode_key(tag, WireType::SixtyFourBit, buf);
+        buf.extend_from_slice(&value.to_le_bytes());
+    }
+}
+
+/// A `fixed32` field, left out when zero.
+fn fixed32(buf: &mut Vec<u8>, tag: u32, value: u32) {
+    if value != 0 {
+        encode_key(tag, WireType::ThirtyTwoBit, buf);
+        buf.extend_from_slice(&value.to_le_bytes());
+    }
+}
+
+/// A message field whose content `write` appends: written in place after
+/// a one-byte length, which most messages here (an attribute, a status)
+/// fit.
+fn message(buf: &mut Vec<u8>, tag: u32, write: impl FnOnce(&mut Vec<u8>)) {
+    message_sized(buf, tag, 1, write);
+}
+
+/// [`message`], with `reserved` bytes left for the length: the content is
+/// moved only if its length's varint takes another number of bytes.
+fn message_sized(buf: &mut Vec<u8>, tag: u32, reserved: usize, write: impl FnOnce(&mut Vec<u8>)) {
+    encode_key(tag, LEN, buf);
+    let start = buf.len();
+    buf.resize(start + reserved, 0);
+    write(buf);
+    let end = buf.len();
+    let len = end - start - reserved;
+    let needed = encoded_len_varint(len as u64);
+    if needed > reserved {
+        buf.resize(end + needed - reserved, 0);
+        buf.copy_within(start + reserved..end, start + needed);
+    } else if needed < reserved {
+        buf.copy_within(start + reserved..end, start + needed);
+        buf.truncate(end - (reserved - needed));
+    }
+    // The length's varint, in the bytes left for it.
+    let mut value = len as u64;
+    for slot in &mut buf[start..start + needed] {
+        let more = if value > 0x7f { 0x80 } else { 0 };
+        *slot = (value & 0x7f) as u8 | more;
+        value >>= 7;
+    }
+}
+
+fn nanos(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH).map_or(0, |since| {
+        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+    })
+}
+
+fn instrumentation_scope(buf: &mut Vec<u8>, scope: &InstrumentationScope) {
+    string(buf, 1, scope.name());
+    string(buf, 2, scope.version().unwrap_or(""));
+    for attribute in scope.attributes() {
+        attribute_field(buf, 3, attribute);
+    }
+}
+
+fn span_fields(buf: &mut Vec<u8>, span: &SpanData) {
+    let context = &span.span_context;
+    bytes(buf, 1, &context.trace_id().to_bytes());
+    bytes(buf, 2, &context.span_id().to_bytes());
+    let trace_state = context.trace_state().header();
+    string(buf, 3, &trace_state);
+    if span.parent_span_id != SpanId::INVALID {
+        bytes(buf, 4, &span.parent_span_id.to_bytes());
+    }
+    string(buf, 5, &span.name);
+    let kind = match span.span_kind {
+        SpanKind::Internal => 1,
+        SpanKind::Server => 2,
+        SpanKind::Client => 3,
+        SpanKind::Producer => 4,
+        SpanKind::Consumer => 5,
+    };
+    varint(buf, 6, kind);
+    fixed64(buf, 7, nanos(span.start_time));
+    fixed64(buf, 8, nanos(span.end_time));
+    for attribute in &span.attributes {
+        attribute_field(buf, 9, attribute);
+    }
+    varint(buf, 10, u64::from(span.dropped_attributes_count));
+    for event in &span.events.events {
+        message(buf, 11, |buf| {
+            fixed64(buf, 1, nanos(event.timestamp));
+            string(buf, 2, &event.name);
+            for attribute in &event.attributes {
+                attribute_field(buf, 3, attribute);
+            }
+            varint(buf, 4, u64::from(event.dropped_attributes_count));
+        });
+    }
+    varint(buf, 12, u64::from(span.events.dropped_count));
+    for link in &span.links.links {
+        message(buf, 13, |buf| {
+            let context = &link.span_context;
+            bytes(buf, 1, &context.trace_id().to_bytes());
+            bytes(buf, 2, &context.span_id().to_bytes());
+            string(buf, 3, &context.trace_state().header());
+            for attribute in &link.attributes {
+                attribute_field(buf, 4, attribute);
+            }
+            varint(buf, 5, u64::from(link.dropped_attributes_count));
+            let remote = if context.is_remote() { IS_REMOTE } else { 0 };
+            fixed32(
+                buf,
+                6,
+                flags(context.trace_flags()) | HAS_IS_REMOTE | remote,
+            );
+        });
+    }
+    varint(buf, 14, u64::from(span.links.dropped_count));
+    // The status is always written, as the SDK's exporter writes it.
+    message(buf, 15, |buf| match &span.status {
+        Status::Unset => {}
+        Status::Ok => varint(buf, 3, 1),
+        Status::Error { description } => {
+            string(buf, 2, description);
+            varint(buf, 3, 2);
+        }
+    });
+    let remote = if span.parent_span_is_remote {
+        IS_REMOTE
+    } else {
+        0
+    };
+    fixed32(
+        buf,
+        16,
+        flags(context.trace_flags()) | HAS_IS_REMOTE | remote,
+    );
+}
+
+fn flags(flags: TraceFlags) -> u32 {
+    u32::from(flags.to_u8())
+}
+
+/// An attribute, as the `KeyValue` message of field `tag`.
+fn attribute_field(buf: &mut Vec<u8>, tag: u32, attribute: &KeyValue) {
+    let key = attribute.key.as_str();
+    // A scalar's length is known before it is written (most attributes
+    // are strings): its message is written straight, with no length to
+    // fix up afterwards.
+    let value_len = match &attribute.value {
+        Value::String(text) => Some(field_len(text.as_str().len())),
+        Value::Bool(_) => Some(2),
+        Value::I64(number) => {
+            Some(1 + encoded_len_varint(u64::from_ne_bytes(number.to_ne_bytes())))
+        }
+        Value::F64(_) => Some(9),
+        _ => None,
+    };
+    let Some(value_len) = value_len else {
+        message(buf, tag, |buf| {
+            string(buf, 1, key);
+            message(buf, 2, |buf| any_value(buf, &attribute.value));
+        });
+        return;
+    };
+    let key_len = if key.is_empty() {
+        0
+    } else {
+        field_len(key.len())
+    };
+    encode_key(tag, LEN, buf);
+    encode_varint((key_len + field_len(value_len)) as u64, buf);
+    string(buf, 1, key);
+    encode_key(2, LEN, buf);
+    encode_varint(value_len as u64, buf);
+    any_value(buf, &attribute.value);
+}
+
+/// The bytes of a length-delimited field of `len` bytes, with a one-byte
+/// key.
+fn field_len(len: usize) -> usize {
+    1 + encoded_len_varint(len as u64) + len
+}
+
+fn any_value(buf: &mut Vec<u8>, value: &Value) {
+    match value {
+        Value::String(text) => bytes(buf, 1, text.as_str().as_bytes()),
+        Value::Bool(flag) => {
+            encode_key(2, WireType::Varint, buf);
+            encode_varint(u64::from(*flag), buf);
+        }
+        Value::I64(number) => {
+            encode_key(3, WireType::Varint, buf);
+            // `int64`: two's complement, as a varint.
+            encode_varint(u64::from_ne_bytes(number.to_ne_bytes()), buf);
+        }
+        Value::F64(number) => {
+            encode_key(4, WireType::SixtyFourBit, buf);
+            buf.extend_from_slice(&number.to_le_bytes());
+        }
+        Value::Array(array) => message(buf, 5, |buf| match array {
+            Array::Bool(values) => each(buf, values, |v| Value::Bool(*v)),
+            Array::I64(values) => each(buf, values, |v| Value::I64(*v)),
+            Array::F64(values) => each(buf, values, |v| Value::F64(*v)),
+            Array::String(values) => each(buf, values, |v| Value::String(v.clone())),
+            // A kind this crate's version does not know: written empty.
+            _ => {}
+        }),
+        // A kind this crate's version does not know: an empty value.
+        _ => {}
+    }
+}
+
+/// An `ArrayValue`'s `values`.
+fn each<T>(buf: &mut Vec<u8>, values: &[T], value: impl Fn(&T) -> Value) {
+    for item in values {
+        message(buf, 1, |buf| any_value(buf, &value(item)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+    use std::time::Duration;
+
+    use opentelemetry::trace::{Event, Link, SpanContext, TraceFlags, TraceId, TraceState};
+    use opentelemetry::{Array, StringValue};
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
+    use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
+    use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
+    use prost::Message as _;
+
+    use super::*;
+
+    fn context(trace: u128, span: u64, remote: bool) -> SpanContext {
+        let state = TraceState::from_key_value([("vendor", "x1")]).expect("a trace state");
+        SpanContext::new(
+            TraceId::from(trace),
+            SpanId::from(span),
+            TraceFlags::SAMPLED,
+            remote,
+            state,
+        )
+    }
+
+    /// Spans with every kind of field: two scopes, a remote parent and a
+    /// root, each attribute type, an event, a link, each status; one span
+    /// of under 128 bytes, one of 128 or more, one of over 16 KiB.
+    fn spans() -> Vec<SpanData> {
+        let start = UNIX_EPOCH + Duration::from_nanos(1_764_000_000_123_456_789);
+        let scope = InstrumentationScope::builder("lameduck").build();
+        let other = InstrumentationScope::builder("other")
+            .with_version("1.2")
+            .with_attributes([KeyValue::new("scope.attr", true)])
+            .build();
+        let attributes = vec![
+            KeyValue::new("http.request.method", "GET"),
+            KeyValue::new("url.path", "/a-code".to_owned()),
+            KeyValue::new("http.response.status_code", 307_i64),
+            KeyValue::new("negative", -5_i64),
+            KeyValue::new("ratio", 0.25),
+            KeyValue::new("flag", false),
+            KeyValue::new(
+                "list",
+                Value::Array(Array::String(vec![StringValue::from("a"), "b".into()])),
+            ),
+            KeyValue::new("numbers", Value::Array(Array::I64(vec![1, -2]))),
+        ];
+        let mut events = SpanEvents::default();
+        events.events.push(Event::new(
+            "retry",
+            start + Duration::from_micros(10),
+            vec![KeyValue::new("attempt", 2_i64)],
+            1,
+        ));
+        events.dropped_count = 3;
+        let mut links = SpanLinks::default();
+        links.links.push(Link::new(
+            context(0xdef, 0x22, true),
+            vec![KeyValue::new("why", "batch")],
+            0,
+        ));
+        let server = SpanData {
+            span_context: context(0xabc, 0x11, false),
+            parent_span_id: SpanId::from(0x99),
+            parent_span_is_remote: true,
+            span_kind: SpanKind::Server,
+            name: Cow::Borrowed("GET /{code}"),
+            start_time: start,
+            end_time: start + Duration::from_micros(1500),
+            attributes,
+            dropped_attributes_count: 2,
+            events,
+            links,
+            status: Status::error("abandoned: the shutdown deadline passed"),
+            instrumentation_scope: scope.clone(),
+        };
+        let database = SpanData {
+            span_context: context(0xabc, 0x12, false),
+            parent_span_id: SpanId::from(0x11),
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Client,
+            name: Cow::Owned("SELECT links".to_owned()),
+            attributes: vec![KeyValue::new("db.system.name", "sqlite")],
+            status: Status::Ok,
+            instrumentation_scope: other,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            dropped_attributes_count: 0,
+            ..server.clone()
+        };
+        let root = SpanData {
+            span_context: context(0x123, 0x13, false),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: Cow::Borrowed("write-behind final flush"),
+            // Longer than a span's two bytes of length say: moved up.
+            attributes: vec![KeyValue::new("error", "x".repeat(20_000))],
+            status: Status::Unset,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            dropped_attributes_count: 0,
+            ..server.clone()
+        };
+        vec![server, database, root]
+    }
+
+    // What the receiver decodes from these bytes is what it decodes from
+    // the SDK exporter's: the same message, field for field.
+    #[test]
+    fn the_bytes_decode_to_what_the_sdk_exporter_sends() {
+        let resource = Resource::builder_empty()
+            .with_service_name("lameduck")
+            .with_attribute(KeyValue::new("service.version", "0.1.0"))
+            .with_schema_url([], "https://opentelemetry.io/schemas/1.30.0")
+            .build();
+        let mut encoder = Encoder::default();
+        encoder.set_resource(&resource);
+        let ours = ExportTraceServiceRequest::decode(&encoder.request(&spans())[..])
+            .expect("our bytes decode");
+        let theirs = ExportTraceServiceRequest {
+            resource_spans: group_spans_by_resource_and_scope(
+                spans(),
+                &ResourceAttributesWithSchema::from(&resource),
+            ),
+        };
+        let theirs = ExportTraceServiceRequest::decode(&theirs.encode_to_vec()[..])
+            .expect("the SDK's bytes decode");
+        assert_eq!(ours, theirs);
+        let scopes = &ours.resource_spans[0].scope_spans;
+        assert_eq!(scopes.len(), 2, "{ours:#?}");
+        assert_eq!(scopes[0].spans.len(), 2, "{ours:#?}");
+    }
+}

@@ -1,14 +1,15 @@
 //! The traces part (`--parts traces`): what exporting traces costs.
-//! lameduck three ways, taking turns like the other parts: traces off (no
+//! lameduck five ways, taking turns like the other parts: traces off (no
 //! OTLP endpoint, the lazy request span, nothing exported), and traces on
 //! over OTLP/HTTP and over OTLP/gRPC to a receiver in the harness
-//! ([`crate::otlp_sink`]), on the counted redirect `GET /{code}` (a
-//! server span) and on `GET /api/links/{code}` (a server span and the
-//! database read's client span under it; probes such as `/healthz` are never
-//! traced). Beside throughput, latency and CPU a request: the spans
+//! ([`crate::otlp_sink`]), each sampling 1 % of the requests and all of
+//! them (`parentbased_traceidratio`), on the counted redirect `GET /{code}`
+//! (a server span) and on `GET /api/links/{code}` (a server span and the
+//! database read's client span under it; probes such as `/healthz` are
+//! never traced). Beside throughput, latency and CPU a request: the spans
 //! the receiver got against the requests answered, what the SDK dropped,
-//! the server's RSS, and the CPU of the SDK's export threads; then
-//! instructions per request under callgrind, off against on.
+//! the server's RSS, and the CPU of the export threads; then instructions
+//! per request under callgrind, off against on, and per span.
 
 use std::path::Path;
 use std::sync::{Arc, LazyLock};
@@ -31,11 +32,75 @@ use crate::replica::{self, Replica};
 use crate::report;
 use crate::SERVICE;
 
-/// The rows of the traces part.
-static TRACES_OFF: LazyLock<String> = LazyLock::new(|| format!("{SERVICE}, traces off"));
-static TRACES_HTTP: LazyLock<String> =
-    LazyLock::new(|| format!("{SERVICE}, traces over HTTP/protobuf"));
-static TRACES_GRPC: LazyLock<String> = LazyLock::new(|| format!("{SERVICE}, traces over gRPC"));
+/// One server of the traces part: how it exports (`None`: traces off),
+/// and the ratio of requests it samples.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Flavor {
+    /// The OTLP transport.
+    pub transport: Option<Transport>,
+    /// `OTEL_TRACES_SAMPLER_ARG` of `parentbased_traceidratio`.
+    pub ratio: f64,
+}
+
+/// The servers of the traces part, in the order of the tables: off, then
+/// each transport sampling 1 % and all.
+const FLAVORS: [Flavor; 5] = [
+    Flavor::off(),
+    Flavor::on(Transport::HttpProtobuf, 0.01),
+    Flavor::on(Transport::HttpProtobuf, 1.0),
+    Flavor::on(Transport::Grpc, 0.01),
+    Flavor::on(Transport::Grpc, 1.0),
+];
+
+/// The rows' names, in the order of [`FLAVORS`].
+static NAMES: LazyLock<Vec<String>> =
+    LazyLock::new(|| FLAVORS.iter().map(|flavor| flavor.name()).collect());
+
+impl Flavor {
+    const fn off() -> Flavor {
+        Flavor {
+            transport: None,
+            ratio: 0.0,
+        }
+    }
+
+    const fn on(transport: Transport, ratio: f64) -> Flavor {
+        Flavor {
+            transport: Some(transport),
+            ratio,
+        }
+    }
+
+    /// Its row's name.
+    fn name(self) -> String {
+        match self.transport {
+            None => format!("{SERVICE}, traces off"),
+            Some(Transport::HttpProtobuf) => {
+                format!("{SERVICE}, OTLP/HTTP, sampled {:.2}", self.ratio)
+            }
+            Some(Transport::Grpc) => format!("{SERVICE}, OTLP/gRPC, sampled {:.2}", self.ratio),
+        }
+    }
+
+    /// A short tag for its runs' names.
+    fn tag(self) -> String {
+        match self.transport {
+            None => "off".to_owned(),
+            Some(transport) => format!("{}-{}", transport.protocol().replace('/', "-"), self.ratio),
+        }
+    }
+
+    /// The throughput target against off on `route`, as issue 46 sets it.
+    fn target(self, route: &str) -> String {
+        match (self.transport, self.ratio >= 1.0, route) {
+            (None, ..) => String::new(),
+            (Some(_), false, "GET /{code}") => "≥ 0.97".to_owned(),
+            (Some(_), true, "GET /{code}") => "≥ 0.80".to_owned(),
+            (Some(_), true, _) => "≥ 0.92".to_owned(),
+            (Some(_), false, _) => String::new(),
+        }
+    }
+}
 
 /// The batch processor's export interval on the traced servers
 /// (`OTEL_BSP_SCHEDULE_DELAY`), down from the SDK's 5 s: a run's last spans
@@ -74,12 +139,14 @@ pub struct TracesReport {
     pub instructions: Vec<InstructionSeries>,
 }
 
-/// One route: off, over HTTP/protobuf, over gRPC, in that order.
+/// One route: the servers of [`FLAVORS`], in that order.
 #[derive(Clone, Debug, Serialize)]
 pub struct TracesCase {
     /// The route requested.
     pub route: String,
-    /// The three servers.
+    /// The spans a sampled request makes on it.
+    pub spans_per_request: u32,
+    /// The servers.
     pub series: Vec<TracesSeries>,
 }
 
@@ -89,8 +156,8 @@ pub struct TracesSeries {
     /// Throughput, latency and CPU a request.
     #[serde(flatten)]
     pub series: Series,
-    /// How it exported (`None`: traces off).
-    pub transport: Option<Transport>,
+    /// How it exported and sampled.
+    pub flavor: Flavor,
     /// What each turn exported, one per run.
     pub traced: Vec<TracedRun>,
     /// What it said of its traces at exit.
@@ -129,17 +196,17 @@ pub struct ExitCounts {
     pub sdk_warnings: Vec<(String, u64)>,
 }
 
-/// One of the three servers of a case.
+/// One of the servers of a case.
 struct Traced {
     name: &'static str,
-    transport: Option<Transport>,
+    flavor: Flavor,
     replica: Replica,
 }
 
 impl Bench<'_> {
     /// Both routes, then the callgrind runs.
     pub(super) async fn traces(&self) -> anyhow::Result<TracesReport> {
-        eprintln!("load: traces: off, over HTTP/protobuf and over gRPC to a receiver on loopback");
+        eprintln!("load: traces: off, over HTTP/protobuf and over gRPC to a receiver on loopback, sampling 1 % and all");
         refuse_inherited_otel()?;
         let sink = OtlpSink::start()?;
         eprintln!("load:   OTLP receiver on {}", sink.endpoint());
@@ -149,25 +216,28 @@ impl Bench<'_> {
                 .collect()
         };
         let mut cases = Vec::new();
-        for (route, short, requests, expected) in [
+        for (route, short, requests, expected, spans) in [
             (
                 "GET /{code}",
                 "redirect",
                 links(|n| format!("/bench-{n}")),
                 307,
+                1,
             ),
             (
                 "GET /api/links/{code}",
                 "show",
                 links(|n| format!("/api/links/bench-{n}")),
                 200,
+                2,
             ),
         ] {
             let requests = Arc::new(requests);
-            cases.push(
-                self.traces_case(&sink, route, short, requests, expected)
-                    .await?,
-            );
+            let mut case = self
+                .traces_case(&sink, route, short, requests, expected)
+                .await?;
+            case.spans_per_request = spans;
+            cases.push(case);
         }
         let instructions = self.traces_instructions(&sink).await?;
         Ok(TracesReport {
@@ -177,17 +247,12 @@ impl Bench<'_> {
         })
     }
 
-    /// The three servers' command: lameduck, with the traced ones pointed
-    /// at `sink` over their transport.
-    fn traces_spec(
-        &self,
-        sink: &OtlpSink,
-        run: &str,
-        transport: Option<Transport>,
-    ) -> replica::Spec {
+    /// A server's command: lameduck, the traced ones pointed at `sink`
+    /// over their transport, sampling at their ratio.
+    fn traces_spec(&self, sink: &OtlpSink, run: &str, flavor: Flavor) -> replica::Spec {
         let mut spec = self.spec(&self.binaries.service, run, &[]);
-        if let Some(transport) = transport {
-            spec.env.extend(traced_env(sink, transport));
+        if let Some(transport) = flavor.transport {
+            spec.env.extend(traced_env(sink, transport, flavor.ratio));
         }
         spec
     }
@@ -202,26 +267,23 @@ impl Bench<'_> {
     ) -> anyhow::Result<TracesCase> {
         eprintln!("load:   {route}");
         let mut servers = Vec::new();
-        for (name, transport, tag) in [
-            (&*TRACES_OFF, None, "off"),
-            (&*TRACES_HTTP, Some(Transport::HttpProtobuf), "http"),
-            (&*TRACES_GRPC, Some(Transport::Grpc), "grpc"),
-        ] {
-            let run = format!("tr-{short}-{tag}");
+        for (flavor, name) in FLAVORS.into_iter().zip(NAMES.iter()) {
+            let run = format!("tr-{short}-{}", flavor.tag());
             let replica = self
-                .start(&run, &self.traces_spec(sink, &run, transport), "/readyz")
+                .start(&run, &self.traces_spec(sink, &run, flavor), "/readyz")
                 .await?;
             self.create_links(&replica).await?;
             servers.push(Traced {
                 name: name.as_str(),
-                transport,
+                flavor,
                 replica,
             });
         }
         let started: Vec<Received> = servers
             .iter()
             .map(|s| {
-                s.transport
+                s.flavor
+                    .transport
                     .map_or_else(Received::default, |t| sink.received(t))
             })
             .collect();
@@ -248,7 +310,7 @@ impl Bench<'_> {
             .zip(started)
         {
             stop(&mut server.replica).await;
-            let received = match server.transport {
+            let received = match server.flavor.transport {
                 Some(transport) => sink
                     .settle(transport, SETTLED_AFTER, SETTLE_BOUND)
                     .await
@@ -257,7 +319,7 @@ impl Bench<'_> {
             };
             series.push(TracesSeries {
                 series: Series::new(server.name, runs),
-                transport: server.transport,
+                flavor: server.flavor,
                 traced,
                 exit: exit_counts(server.replica.log()).await,
                 received,
@@ -265,6 +327,7 @@ impl Bench<'_> {
         }
         Ok(TracesCase {
             route: route.to_owned(),
+            spans_per_request: 1,
             series,
         })
     }
@@ -280,7 +343,7 @@ impl Bench<'_> {
         round: usize,
     ) -> (super::Run, TracedRun) {
         let pid = server.replica.pid();
-        let before = server.transport.map(|t| sink.received(t));
+        let before = server.flavor.transport.map(|t| sink.received(t));
         let export_before = export_threads_cpu(pid);
         let sink_before = sink.cpu_time();
         let Turn {
@@ -289,7 +352,7 @@ impl Bench<'_> {
             elapsed,
         } = self.turn(target, round).await;
         let rss_kib = server.replica.rss_kib();
-        let received = match (server.transport, before) {
+        let received = match (server.flavor.transport, before) {
             (Some(transport), Some(before)) => sink
                 .settle(transport, SETTLED_AFTER, SETTLE_BOUND)
                 .await
@@ -308,7 +371,7 @@ impl Bench<'_> {
             export_cpu_us: per_answer(export_cpu),
             receiver_busy: sink_cpu / loaded,
         };
-        if server.transport.is_some() {
+        if server.flavor.transport.is_some() {
             eprintln!(
                 "load:     {} answered, {} server spans and {} others received in {} exports; RSS {} KiB; export threads {:.2} µs a request; receiver {:.0} % of a core",
                 answered,
@@ -323,26 +386,20 @@ impl Bench<'_> {
         (run, traced)
     }
 
-    /// Instructions per request under callgrind, traces off and on over
-    /// either transport, on both routes.
+    /// Instructions per request under callgrind, each server of
+    /// [`FLAVORS`], on both routes.
     async fn traces_instructions(&self, sink: &OtlpSink) -> anyhow::Result<Vec<InstructionSeries>> {
         let redirect = raw::get("/bench-0");
         let show = raw::get("/api/links/bench-0");
         let mut series = Vec::new();
         let routes = [("GET /{code}", &redirect), ("GET /api/links/{code}", &show)];
         for (case, (route, request)) in routes.into_iter().enumerate() {
-            for (index, (name, transport)) in [
-                (&*TRACES_OFF, None),
-                (&*TRACES_HTTP, Some(Transport::HttpProtobuf)),
-                (&*TRACES_GRPC, Some(Transport::Grpc)),
-            ]
-            .into_iter()
-            .enumerate()
-            {
+            for (index, flavor) in FLAVORS.into_iter().enumerate() {
                 let label = format!("tr-in-{case}-{index}");
-                let spec = |run: &str| self.traces_spec(sink, run, transport);
+                let spec = |run: &str| self.traces_spec(sink, run, flavor);
+                let name = flavor.name();
                 series.push(
-                    self.count_instructions(&label, route, name, spec, "/readyz", request)
+                    self.count_instructions(&label, route, &name, spec, "/readyz", request)
                         .await?,
                 );
             }
@@ -351,16 +408,22 @@ impl Bench<'_> {
     }
 }
 
-/// The environment of a server exporting to `sink` over `transport`: the
-/// endpoint, the protocol and the export interval; every other batch
-/// setting is the SDK's default.
-fn traced_env(sink: &OtlpSink, transport: Transport) -> [(String, String); 3] {
+/// The environment of a server exporting to `sink` over `transport`,
+/// sampling `ratio` of the requests: the endpoint, the protocol, the
+/// sampler and the export interval; every other batch setting is the
+/// SDK's default.
+fn traced_env(sink: &OtlpSink, transport: Transport, ratio: f64) -> [(String, String); 5] {
     [
         ("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), sink.endpoint()),
         (
             "OTEL_EXPORTER_OTLP_PROTOCOL".to_owned(),
             transport.protocol().to_owned(),
         ),
+        (
+            "OTEL_TRACES_SAMPLER".to_owned(),
+            "parentbased_traceidratio".to_owned(),
+        ),
+        ("OTEL_TRACES_SAMPLER_ARG".to_owned(), ratio.to_string()),
         (
             OTEL_BSP_SCHEDULE_DELAY.to_owned(),
             SCHEDULE_DELAY.as_millis().to_string(),
@@ -480,12 +543,12 @@ impl TracesSeries {
     }
 }
 
-/// The traces part's section: per route, the three servers under load,
-/// each traced one ÷ off run by run, and what the traced ones exported;
-/// then instructions per request.
+/// The traces part's section: per route, the servers under load, each
+/// traced one ÷ off run by run, and what the traced ones exported; then
+/// instructions per request and per span.
 pub(super) fn traces_summary(o: &Options, traces: &TracesReport, footer: &str) -> String {
     let mut text = format!(
-        "### Traces: {SERVICE} with traces off, and exporting over OTLP/HTTP and OTLP/gRPC to a receiver on loopback, closed loop, {} connections, {} rounds of {:?} (+{:?} warm-up), servers taking turns\n\n\
+        "### Traces: {SERVICE} with traces off, and exporting over OTLP/HTTP and OTLP/gRPC to a receiver on loopback sampling 1 % and all of the requests (`parentbased_traceidratio`), closed loop, {} connections, {} rounds of {:?} (+{:?} warm-up), servers taking turns\n\n\
          Batch span processor: {}. The receiver runs in the harness, on the load generator's core: it decodes every export, counts its spans and answers success.\n\n",
         o.connections,
         o.rounds,
@@ -494,21 +557,23 @@ pub(super) fn traces_summary(o: &Options, traces: &TracesReport, footer: &str) -
         traces.settings.join(", "),
     );
     for case in &traces.cases {
-        let [off, http, grpc] = case.series.as_slice() else {
+        let Some((off, traced)) = case.series.split_first() else {
             continue;
         };
+        let all: Vec<&Series> = case.series.iter().map(|s| &s.series).collect();
+        let pairs: Vec<(&Series, &Series, String)> = traced
+            .iter()
+            .map(|s| (&s.series, &off.series, s.flavor.target(&case.route)))
+            .collect();
         text.push_str(&format!(
             "#### `{}`\n\n{}\n{}\n{}\n",
             case.route,
-            series_table(&[&off.series, &http.series, &grpc.series], &off.series),
-            pairs_table(&[
-                (&http.series, &off.series, String::new()),
-                (&grpc.series, &off.series, String::new()),
-            ]),
+            series_table(&all, &off.series),
+            pairs_table(&pairs),
             exported_table(&case.series),
         ));
     }
-    text.push_str(&instructions_table(&traces.instructions));
+    text.push_str(&instructions_table(&traces.instructions, &traces.cases));
     text.push_str(footer);
     text.push('\n');
     text
@@ -519,6 +584,7 @@ fn exported_table(series: &[TracesSeries]) -> String {
     let header: Vec<String> = [
         "server",
         "requests answered (all runs)",
+        "sampled (ratio)",
         "server spans received ÷ requests, run by run",
         "database spans received",
         "other spans received",
@@ -552,7 +618,7 @@ fn exported_table(series: &[TracesSeries]) -> String {
                     rss.iter().copied().fold(0.0, f64::max)
                 )
             };
-            let traced = s.transport.is_some();
+            let traced = s.flavor.transport.is_some();
             let or_dash = |cell: String| if traced { cell } else { "–".to_owned() };
             #[allow(clippy::cast_precision_loss)]
             let mean = |total: u64, of: u64| {
@@ -576,6 +642,7 @@ fn exported_table(series: &[TracesSeries]) -> String {
             vec![
                 s.series.server.clone(),
                 answered.to_string(),
+                or_dash(format!("{:.3}", s.flavor.ratio)),
                 or_dash(fmt_ratios(&s.server_spans_per_request())),
                 or_dash(s.received.client_spans.to_string()),
                 or_dash(s.received.other_spans.to_string()),
@@ -609,8 +676,9 @@ fn exported_table(series: &[TracesSeries]) -> String {
     report::table(&header, &rows)
 }
 
-/// Instructions per request, off and on, per route, with on ÷ off.
-fn instructions_table(series: &[InstructionSeries]) -> String {
+/// Instructions per request, off and on, per route, with on ÷ off; and
+/// what sampling adds to a request, and a span costs.
+fn instructions_table(series: &[InstructionSeries], cases: &[TracesCase]) -> String {
     if series.is_empty() {
         return String::new();
     }
@@ -619,25 +687,39 @@ fn instructions_table(series: &[InstructionSeries]) -> String {
         "server",
         "instructions per request (callgrind)",
         "÷ traces off",
+        "more than off, a request",
+        "a span, all in (sampled 1.0)",
     ]
     .map(str::to_owned)
     .into();
     let rows: Vec<Vec<String>> = series
-        .chunks(3)
+        .chunks(FLAVORS.len())
         .flat_map(|route| {
             let off = route[0].per_request;
-            route.iter().map(move |s| {
+            let spans = cases
+                .iter()
+                .find(|case| case.route == route[0].route)
+                .map_or(1, |case| case.spans_per_request);
+            route.iter().zip(FLAVORS).map(move |(s, flavor)| {
+                let more = s.per_request - off;
+                let traced = flavor.transport.is_some();
                 vec![
                     format!("`{}`", s.route),
                     s.server.clone(),
                     format!("{:.0}", s.per_request),
                     ratio(s.per_request, off),
+                    if traced { format!("{more:.0}") } else { "–".to_owned() },
+                    if traced && flavor.ratio >= 1.0 {
+                        format!("{:.0}", more / f64::from(spans))
+                    } else {
+                        "–".to_owned()
+                    },
                 ]
             })
         })
         .collect();
     format!(
-        "Instructions per request under callgrind (the whole process, export threads included; the difference of a 1,000- and an 11,000-request run over 8 connections):\n\n{}\n",
+        "Instructions under callgrind (the whole process, export threads included; the difference of a 1,000- and an 11,000-request run over 8 connections). A span, all in: what a request sampled costs more than one with traces off, ÷ the spans it makes (the redirect 1, the link shown 2: its server span and its database read). Targets: a span ≤ 8,000; sampled 0.01, ≤ 1,000 more a request.\n\n{}\n",
         report::table(&header, &rows)
     )
 }
@@ -647,12 +729,7 @@ mod tests {
     use super::super::tests::series;
     use super::*;
 
-    fn traced(
-        server: &str,
-        rps: &[f64],
-        transport: Option<Transport>,
-        received: u64,
-    ) -> TracesSeries {
+    fn traced(flavor: Flavor, rps: &[f64], received: u64) -> TracesSeries {
         let run = TracedRun {
             answered: 1000,
             received: Received {
@@ -666,8 +743,8 @@ mod tests {
             receiver_busy: 0.1,
         };
         TracesSeries {
-            series: series(server, rps),
-            transport,
+            series: series(&flavor.name(), rps),
+            flavor,
             traced: vec![run; rps.len()],
             exit: ExitCounts {
                 spans_exported: Some(received * rps.len() as u64),
@@ -683,28 +760,38 @@ mod tests {
         }
     }
 
-    // The summary says which settings ran, prices each transport against
-    // off run by run, and shows dropped spans rather than hiding them.
+    // The summary says which settings ran, prices each server against off
+    // run by run with its target, shows dropped spans rather than hiding
+    // them, and prices a span from the instructions.
     #[test]
     fn the_summary_gives_on_over_off_and_the_dropped_spans() {
         use clap::Parser;
         let options = super::super::tests::Args::parse_from(["load"]).options;
+        let [off, http_some, http_all, grpc_some, grpc_all] = FLAVORS;
+        let instructions = [20_000.0, 20_500.0, 28_000.0, 20_600.0, 28_500.0]
+            .into_iter()
+            .zip(FLAVORS)
+            .map(|(per_request, flavor)| InstructionSeries {
+                route: "GET /{code}".to_owned(),
+                server: flavor.name(),
+                totals: Vec::new(),
+                per_request,
+            })
+            .collect();
         let report = TracesReport {
             settings: settings(),
             cases: vec![TracesCase {
                 route: "GET /{code}".to_owned(),
+                spans_per_request: 1,
                 series: vec![
-                    traced(&TRACES_OFF, &[100.0, 100.0], None, 0),
-                    traced(
-                        &TRACES_HTTP,
-                        &[50.0, 60.0],
-                        Some(Transport::HttpProtobuf),
-                        1000,
-                    ),
-                    traced(&TRACES_GRPC, &[40.0, 40.0], Some(Transport::Grpc), 900),
+                    traced(off, &[100.0, 100.0], 0),
+                    traced(http_some, &[98.0, 99.0], 10),
+                    traced(http_all, &[50.0, 60.0], 1000),
+                    traced(grpc_some, &[97.0, 97.0], 10),
+                    traced(grpc_all, &[40.0, 40.0], 900),
                 ],
             }],
-            instructions: Vec::new(),
+            instructions,
         };
         let text = traces_summary(&options, &report, "footer");
         assert!(
@@ -715,10 +802,27 @@ mod tests {
             text.contains("OTEL_BSP_MAX_QUEUE_SIZE=2048 (the SDK's default)"),
             "{text}"
         );
-        let http = format!("| {} ÷ {} | 0.550 (0.50–0.60)", *TRACES_HTTP, *TRACES_OFF);
-        assert!(text.contains(&http), "{text}");
+        let all = format!(
+            "| {} ÷ {} | 0.550 (0.50–0.60)",
+            http_all.name(),
+            off.name()
+        );
+        assert!(text.contains(&all), "{text}");
+        assert!(text.contains("| ≥ 0.80 "), "{text}");
+        assert!(text.contains("| ≥ 0.97 "), "{text}");
         assert!(text.contains("| 2000 / 1800 / 200 "), "{text}");
         assert!(text.contains("| 0.900 (0.90–0.90) "), "{text}");
+        assert!(text.contains("| 0.010 (0.01–0.01) "), "{text}");
+        // Sampled 0.01: 500 more a request; all: 8,000 a span.
+        let cells = |server: &str| -> Vec<String> {
+            let row = text
+                .lines()
+                .find(|line| line.starts_with("| `GET /{code}`") && line.contains(server))
+                .unwrap_or_else(|| panic!("no instructions row of {server}:\n{text}"));
+            row.split('|').map(|cell| cell.trim().to_owned()).collect()
+        };
+        assert_eq!(cells(&http_some.name())[5..7], ["500", "–"]);
+        assert_eq!(cells(&http_all.name())[5..7], ["8000", "8000"]);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! batch processor, its thread and its `OTEL_BSP_*` settings stay the SDK's.
 
 use std::sync::{PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
@@ -193,34 +193,88 @@ impl Exporter {
         })
     }
 
-    /// Sends one request's `body`, over HTTP: on this thread, the batch
-    /// processor's own.
+    /// Sends one request's `body` over HTTP, on this thread (the batch
+    /// processor's own).
     fn post(
         &self,
         client: &otlp_http_client::blocking::Client,
         url: &str,
         headers: &otlp_http_client::header::HeaderMap,
-        body: Vec<u8>,
-    ) -> OTelSdkResult {
-        let body = if self.settings.gzip {
-            gzip(&body)?
-        } else {
-            body
-        };
+        body: Bytes,
+    ) -> Result<(), Failure> {
         let response = client
             .post(url)
             .headers(headers.clone())
             .body(body)
             .send()
-            .map_err(|error| failed(&lameduck_lifecycle::error_chain(&error)))?;
+            .map_err(|error| {
+                let message = lameduck_lifecycle::error_chain(&error);
+                if error.is_connect() {
+                    Failure::Retryable(message)
+                } else {
+                    Failure::Final(message)
+                }
+            })?;
         let status = response.status();
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(failed(&format!("the collector answered {status}")))
+        match status.as_u16() {
+            200..=299 => Ok(()),
+            // Busy, or a proxy without the collector behind it: worth
+            // another try, as the specification says.
+            429 | 502 | 503 | 504 => Err(Failure::Retryable(format!(
+                "the collector answered {status}"
+            ))),
+            _ => Err(Failure::Final(format!("the collector answered {status}"))),
+        }
+    }
+
+    /// Sends one request's `body` over gRPC.
+    async fn call(
+        &self,
+        client: &tonic::client::Grpc<Channel>,
+        metadata: &tonic::metadata::MetadataMap,
+        body: Bytes,
+    ) -> Result<(), Failure> {
+        let mut client = client.clone();
+        client
+            .ready()
+            .await
+            .map_err(|error| Failure::Retryable(error.to_string()))?;
+        let mut request = tonic::Request::new(body);
+        *request.metadata_mut() = metadata.clone();
+        request.set_timeout(self.settings.timeout);
+        let path = axum::http::uri::PathAndQuery::from_static(EXPORT_METHOD);
+        match client.unary(request, path, Raw).await {
+            Ok(_) => Ok(()),
+            Err(status) => {
+                use tonic::Code;
+                let retry = matches!(
+                    status.code(),
+                    Code::Unavailable | Code::ResourceExhausted | Code::Aborted | Code::Cancelled
+                );
+                let message = status.to_string();
+                Err(if retry {
+                    Failure::Retryable(message)
+                } else {
+                    Failure::Final(message)
+                })
+            }
         }
     }
 }
+
+/// An export that failed, and whether another try could succeed.
+#[derive(Debug)]
+enum Failure {
+    Retryable(String),
+    Final(String),
+}
+
+/// Tries an export at most this many times, while another try could
+/// succeed (the collector unreachable, or busy).
+const ATTEMPTS: u32 = 3;
+
+/// The wait before the second try; doubled before each next one.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
 fn failed(error: &dyn std::fmt::Display) -> OTelSdkError {
     OTelSdkError::InternalFailure(format!("export failed: {error}"))
@@ -236,33 +290,49 @@ fn gzip(body: &[u8]) -> Result<Vec<u8>, OTelSdkError> {
 }
 
 impl SpanExporter for Exporter {
+    /// Encodes the batch, then sends it; a failure another try could cure
+    /// is tried again ([`ATTEMPTS`], waiting [`FIRST_BACKOFF`], then twice
+    /// as long), within the export's timeout.
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let started = Instant::now();
         let body = self
             .encoder
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .request(&batch);
         drop(batch);
-        match &self.transport {
-            Transport::Http {
-                client,
-                url,
-                headers,
-            } => self.post(client, url, headers, body),
-            Transport::Grpc { client, metadata } => {
-                let mut client = client.clone();
-                client.ready().await.map_err(|error| failed(&error))?;
-                let mut request = tonic::Request::new(Bytes::from(body));
-                *request.metadata_mut() = metadata.clone();
-                request.set_timeout(self.settings.timeout);
-                let path = axum::http::uri::PathAndQuery::from_static(EXPORT_METHOD);
-                client
-                    .unary(request, path, Raw)
-                    .await
-                    .map(|_| ())
-                    .map_err(|status| failed(&status))
+        let body = match &self.transport {
+            Transport::Http { .. } if self.settings.gzip => gzip(&body)?,
+            _ => body,
+        };
+        let body = Bytes::from(body);
+        let mut backoff = FIRST_BACKOFF;
+        for attempt in 1..=ATTEMPTS {
+            let sent = match &self.transport {
+                Transport::Http {
+                    client,
+                    url,
+                    headers,
+                } => self.post(client, url, headers, body.clone()),
+                Transport::Grpc { client, metadata } => {
+                    self.call(client, metadata, body.clone()).await
+                }
+            };
+            let message = match sent {
+                Ok(()) => return Ok(()),
+                Err(Failure::Final(message)) => return Err(failed(&message)),
+                Err(Failure::Retryable(message)) => message,
+            };
+            let time_left = self.settings.timeout.saturating_sub(started.elapsed());
+            if attempt == ATTEMPTS || time_left <= backoff {
+                return Err(failed(&format!("{message} ({attempt} tries)")));
             }
+            // The batch processor's own thread: a wait here holds no one
+            // else up.
+            std::thread::sleep(backoff);
+            backoff *= 2;
         }
+        Err(failed(&"no try made"))
     }
 
     fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {

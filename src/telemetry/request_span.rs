@@ -39,6 +39,7 @@ use tracing_core::span::Current;
 
 use opentelemetry::trace::TraceId;
 
+use super::traces::server::Hex;
 use super::traces::Edge;
 
 /// The `request` span's callsite: one for every request, made by hand
@@ -155,7 +156,7 @@ impl Fields {
         let id = self.request_id.as_ref().and_then(|id| id.to_str().ok());
         let id = id.unwrap_or("");
         let (status_value, latency_value) = self.answer.unzip();
-        let trace_value = self.trace_id.map(tracing::field::display);
+        let trace_value = self.trace_id.map(|id| tracing::field::display(Hex(id)));
         let entries = [
             (&method, Some(&method_value as &dyn Value)),
             (&route, Some(&route_value as &dyn Value)),

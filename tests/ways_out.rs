@@ -40,6 +40,7 @@ use support::binary::{
     create_link, finish_slow_post, metric, metrics, request, start_slow_post, wait_metric,
     LameduckProcess,
 };
+use support::otlp::{self, Behaviour, Protocol, Receiver};
 use support::postgres::PgCluster;
 
 /// Bound on anything that should take well under a second or two: a log
@@ -219,11 +220,16 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
         FinalizerOverBudget => "close-database-pool-hangs=return",
         _ => "",
     };
-    let mut server = LameduckProcess::start_exe(
-        binary.path(),
-        &args.as_strs(),
-        &[("FAILPOINTS", failpoints)],
-    );
+    // The rows whose spans no other test holds (tests/traces.rs has the
+    // rest) run traced, each batch held until the exit or until it is full.
+    let receiver = traced(way).then(|| Receiver::start(Protocol::Grpc, Behaviour::Answer));
+    let mut envs = vec![("FAILPOINTS", failpoints.to_owned())];
+    if let Some(receiver) = &receiver {
+        envs.extend(otlp::envs(Protocol::Grpc, &receiver.endpoint()));
+        envs.push(("OTEL_BSP_SCHEDULE_DELAY", HELD.to_owned()));
+    }
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut server = LameduckProcess::start_exe(binary.path(), &args.as_strs(), &envs);
     // A spill directory that cannot be written fails the start (tested in
     // tests/state.rs), so it turns unwritable while the process runs, as
     // a disk fills up or a volume goes away.
@@ -254,6 +260,9 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
         i32::from(exit.code()),
         "{way:?}: exit code; logs:\n{logs}"
     );
+    if let Some(receiver) = &receiver {
+        assert_every_span_flushed(way, receiver, answered, &logs);
+    }
     drop(server);
 
     if let Some(cluster) = &cluster {
@@ -321,6 +330,59 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
             );
         }
     }
+}
+
+/// The batch delay of the traced rows: longer than any row, so that the
+/// spans the receiver has were exported by a full batch or by the flush
+/// at the exit.
+const HELD: &str = "600000";
+
+/// Whether `way` runs traced: the rows whose spans `tests/traces.rs` does
+/// not already follow (the README's ways-out rows without a ²).
+fn traced(way: Way) -> bool {
+    matches!(
+        way,
+        DeadlineDatabaseDown
+            | DatabaseDownAtShutdown
+            | Upgrade
+            | UpgradeSuccessorFails
+            | SpillImpossible(_)
+            | DiskFullJournaled(_)
+    )
+}
+
+/// What a traced row must find at the receiver once every process has
+/// exited: one server span for each redirect answered (each process
+/// flushing its own: an upgrade's two), the write-behind component's final
+/// work among the spans (the flush, or the spill), and no span dropped.
+fn assert_every_span_flushed(way: Way, receiver: &Receiver, answered: u64, logs: &str) {
+    let spans = receiver.spans();
+    let redirects = spans
+        .iter()
+        .filter(|span| span.name == "GET /{code}")
+        .filter(|span| span.attr_i64("http.response.status_code") == Some(307))
+        .count();
+    assert_eq!(
+        redirects as u64, answered,
+        "{way:?}: server spans of the redirects answered; logs:\n{logs}"
+    );
+    assert!(
+        spans
+            .iter()
+            .any(|span| span.name.starts_with("write-behind")),
+        "{way:?}: the final flush's span; spans: {:?}",
+        spans.iter().map(|span| &span.name).collect::<Vec<_>>()
+    );
+    let flushed = logs.matches("traces flushed").count();
+    let processes = if matches!(way, Upgrade) { 2 } else { 1 };
+    assert!(
+        flushed >= processes,
+        "{way:?}: {flushed} flushes; logs:\n{logs}"
+    );
+    assert!(
+        !logs.contains("spans_dropped"),
+        "{way:?}: a span dropped; logs:\n{logs}"
+    );
 }
 
 /// Takes the process out the way the row says; returns the redirects

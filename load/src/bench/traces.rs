@@ -708,7 +708,11 @@ fn instructions_table(series: &[InstructionSeries], cases: &[TracesCase]) -> Str
                     s.server.clone(),
                     format!("{:.0}", s.per_request),
                     ratio(s.per_request, off),
-                    if traced { format!("{more:.0}") } else { "–".to_owned() },
+                    if traced {
+                        format!("{more:.0}")
+                    } else {
+                        "–".to_owned()
+                    },
                     if traced && flavor.ratio >= 1.0 {
                         format!("{:.0}", more / f64::from(spans))
                     } else {
@@ -802,11 +806,7 @@ mod tests {
             text.contains("OTEL_BSP_MAX_QUEUE_SIZE=2048 (the SDK's default)"),
             "{text}"
         );
-        let all = format!(
-            "| {} ÷ {} | 0.550 (0.50–0.60)",
-            http_all.name(),
-            off.name()
-        );
+        let all = format!("| {} ÷ {} | 0.550 (0.50–0.60)", http_all.name(), off.name());
         assert!(text.contains(&all), "{text}");
         assert!(text.contains("| ≥ 0.80 "), "{text}");
         assert!(text.contains("| ≥ 0.97 "), "{text}");

@@ -9,7 +9,7 @@ pub mod traces;
 use std::io::IsTerminal;
 
 use clap::ValueEnum;
-use tracing_subscriber::filter::{filter_fn, FilterExt};
+use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
@@ -24,12 +24,6 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
-}
-
-/// What the trace exporter takes: [`traces::exported`], less the request
-/// spans of the logs (a request's trace is its server span, made apart).
-fn exported<S>() -> impl tracing_subscriber::layer::Filter<S> {
-    traces::exported().and(filter_fn(|metadata| !request_span::is_logs_only(metadata)))
 }
 
 /// The log lines' layer, for a subscriber of any shape.
@@ -62,7 +56,7 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
                 .fmt_fields(traces::fields::TextFields)
                 .with_filter(filter.and(traces::logged()));
             let registry = tracing_subscriber::registry().with(logs);
-            LazySpans::new(registry.with(traces.layer().with_filter(exported()))).try_init()
+            LazySpans::new(registry.with(traces.layer().with_filter(traces::exported()))).try_init()
         }
         (Some(traces), LogFormat::Json) => {
             let json = text_layer()
@@ -71,7 +65,7 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
                 .fmt_fields(traces::fields::JsonFields);
             let registry =
                 tracing_subscriber::registry().with(json.with_filter(filter.and(traces::logged())));
-            LazySpans::new(registry.with(traces.layer().with_filter(exported()))).try_init()
+            LazySpans::new(registry.with(traces.layer().with_filter(traces::exported()))).try_init()
         }
     };
 }

@@ -31,50 +31,21 @@ use axum::http::{HeaderValue, Method};
 use tracing::level_filters::LevelFilter;
 use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;
-use tracing::{Dispatch, Event, Level, Metadata, Subscriber, Value};
-use tracing_core::callsite::DefaultCallsite;
-use tracing_core::field::FieldSet;
-use tracing_core::metadata::Kind;
+use tracing::{Dispatch, Event, Metadata, Subscriber, Value};
 use tracing_core::span::Current;
 
 use opentelemetry::trace::TraceId;
 
-use super::traces::server::Hex;
-use super::traces::Edge;
-
-/// The `request` span's callsite: one for every request, made by hand
-/// rather than by `info_span!`, which cannot be used while the subscriber
-/// is handling a line (it would find no subscriber).
-static CALLSITE: DefaultCallsite = DefaultCallsite::new(&META);
-
-/// At `ERROR` level, so that no filter that lets a request's line through
-/// leaves its span out: under `RUST_LOG=warn` a warning still carries the
-/// request id. Made only for a line, a span costs nothing at any level.
-static META: Metadata<'static> = Metadata::new(
-    "request",
-    concat!(env!("CARGO_CRATE_NAME"), "::http"),
-    Level::ERROR,
-    Some(file!()),
-    Some(line!()),
-    Some(module_path!()),
-    FieldSet::new(
-        &[
-            "method",
-            "route",
-            "request_id",
-            "trace_id",
-            "status",
-            "latency_ms",
-        ],
-        tracing_core::identify_callsite!(&CALLSITE),
-    ),
-    Kind::SPAN,
-);
+// The `request` span's callsite and metadata are the traces' own
+// (`traces::server::LOG_META`): one for every request whichever way its
+// span is made.
+use super::traces::server::{Hex, LOG_CALLSITE as CALLSITE, LOG_META as META};
+use super::traces::{self, Edge};
 
 /// `true` for the `request` span's own callsite: a span for the logs only,
 /// never exported (a request's trace is its [`Edge`]'s server span).
 pub fn is_logs_only(metadata: &Metadata<'_>) -> bool {
-    metadata.callsite() == META.callsite()
+    traces::server::is_log_span(metadata)
 }
 
 thread_local! {

@@ -573,13 +573,17 @@ impl std::fmt::Display for Hex {
     }
 }
 
-/// The `request` span's callsite, for a service whose request spans are
-/// made up front ([`ServerSpan`]): its fields are the logs', and the trace
-/// id. A span for the logs only, never exported ([`is_log_span`]).
-static CALLSITE: DefaultCallsite = DefaultCallsite::new(&META);
+/// The `request` span's callsite: the log span of every request, made by
+/// hand rather than by `info_span!`, which cannot be used while the
+/// subscriber is handling a line (it would find no subscriber). Its fields
+/// are the logs' and the trace id. A span for the logs only, never
+/// exported ([`is_log_span`]): a request's trace is its [`Edge`]'s.
+pub static LOG_CALLSITE: DefaultCallsite = DefaultCallsite::new(&LOG_META);
 
-/// At `ERROR` level: no log filter leaves it out of a request's lines.
-static META: Metadata<'static> = Metadata::new(
+/// At `ERROR` level, so that no filter that lets a request's line through
+/// leaves its span out: under `RUST_LOG=warn` a warning still carries the
+/// request id.
+pub static LOG_META: Metadata<'static> = Metadata::new(
     "request",
     concat!(env!("CARGO_CRATE_NAME"), "::http"),
     Level::ERROR,
@@ -595,14 +599,14 @@ static META: Metadata<'static> = Metadata::new(
             "status",
             "latency_ms",
         ],
-        tracing_core::identify_callsite!(&CALLSITE),
+        tracing_core::identify_callsite!(&LOG_CALLSITE),
     ),
     Kind::SPAN,
 );
 
-/// `true` for [`ServerSpan`]'s log span: the trace layer leaves it out.
+/// `true` for a request's log span: the trace layer leaves it out.
 pub fn is_log_span(metadata: &Metadata<'_>) -> bool {
-    metadata.callsite() == META.callsite()
+    metadata.callsite() == LOG_META.callsite()
 }
 
 /// A request's edge and its log span, made up front: for a service whose
@@ -622,13 +626,13 @@ impl ServerSpan {
         request_id: Option<&str>,
     ) -> ServerSpan {
         let (edge, trace_id) = Edge::of(request, route, request_id);
-        let span = if CALLSITE.interest().is_never()
-            || !tracing::dispatcher::get_default(|dispatch| dispatch.enabled(&META))
+        let span = if LOG_CALLSITE.interest().is_never()
+            || !tracing::dispatcher::get_default(|dispatch| dispatch.enabled(&LOG_META))
         {
             tracing::Span::none()
         } else {
-            let fields = META.fields();
-            let field = |name| fields.field(name).expect("a field of META");
+            let fields = LOG_META.fields();
+            let field = |name| fields.field(name).expect("a field of LOG_META");
             let method = request.method().as_str();
             let route = route.unwrap_or("unmatched");
             let id = request_id.unwrap_or("");
@@ -642,7 +646,7 @@ impl ServerSpan {
                     trace_id.as_ref().map(|id| id as &dyn Value),
                 ),
             ];
-            tracing::Span::new(&META, &fields.value_set(&values))
+            tracing::Span::new(&LOG_META, &fields.value_set(&values))
         };
         ServerSpan { edge, span }
     }

@@ -5,18 +5,19 @@
 //! `OTEL_TRACES_SAMPLER` and its argument, read as the SDK reads them). A
 //! request not sampled builds no OpenTelemetry span, no attribute and
 //! nothing for the exporter; it keeps only its trace id (the caller's, or
-//! the one drawn for the sampler), for its log lines. A request sampled gets its server span, as the HTTP semantic
-//! conventions describe it — named `METHOD route`, kind server, a child of
-//! the caller's span — recorded straight into the SDK's span data
-//! ([`super::span`]) and handed to the batch processor when it ends: no
-//! `tracing` span, no per-poll bookkeeping, no attribute written twice.
+//! the one drawn for the sampler), for its log lines. A request sampled
+//! gets its server span, as the HTTP semantic conventions describe it —
+//! named `METHOD route`, kind server, a child of the caller's span —
+//! recorded straight into the SDK's span data ([`super::span`]) and handed
+//! to the batch processor when it ends: no `tracing` span, no per-poll
+//! bookkeeping, no log field copied into an attribute.
 //!
-//! While a request is polled inside [`Edge::enter`], the spans that exist
-//! for traces only (`traced_span!`: a database call) know its decision: a
-//! request not sampled makes none; a sampled one makes them as children of
-//! its server span, which is the current OpenTelemetry context meanwhile.
-//! Work a request hands to another task takes the decision along with
-//! [`carry`].
+//! While a request is polled inside [`Edge::enter`], the spans made for it
+//! know its decision: a [`ChildSpan`] (a database call) is made only if
+//! the request is sampled, as a child of its server span; so is a
+//! `traced_span!`, with the server span made the current OpenTelemetry
+//! context just while it is made ([`in_request_context`]). Work a request
+//! hands to another task takes the decision along with [`carry`].
 //!
 //! The span ends when the request's [`Sampled`] is dropped — in error if no
 //! answer was recorded — and is listed meanwhile, so that the last flush
@@ -315,6 +316,10 @@ impl Pipeline {
         if !sampling.attributes.is_empty() {
             attributes.extend(sampling.attributes);
         }
+        // `OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`, as the SDK applies it.
+        let limit = self.limits.max_attributes_per_span as usize;
+        let dropped = u32::try_from(attributes.len().saturating_sub(limit)).unwrap_or(u32::MAX);
+        attributes.truncate(limit);
         let start_time = opentelemetry::time::now();
         let data = SpanData {
             span_context: context,
@@ -329,7 +334,7 @@ impl Pipeline {
             start_time,
             end_time: start_time,
             attributes,
-            dropped_attributes_count: 0,
+            dropped_attributes_count: dropped,
             events: SpanEvents::default(),
             links: SpanLinks::default(),
             status: Status::Unset,

@@ -1,17 +1,19 @@
-//! Traces: every request's span, and the service's own work, exported over
-//! OTLP to a collector — off unless an endpoint is configured, and flushed
-//! on every way out.
+//! Traces: the span of every request sampled, and the service's own work,
+//! exported over OTLP to a collector — off unless an endpoint is
+//! configured, and flushed on every way out.
 //!
 //! On: `OTEL_EXPORTER_OTLP_ENDPOINT` (or `--otlp-endpoint`), or the traces
-//! endpoint alone. The OpenTelemetry SDK reads the other standard variables
-//! itself: `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`,
-//! `OTEL_EXPORTER_OTLP_HEADERS`, `…_TIMEOUT` and `…_COMPRESSION`,
-//! `OTEL_TRACES_SAMPLER` and its argument, the batch processor's
-//! `OTEL_BSP_*`. It leaves out `OTEL_EXPORTER_OTLP_CERTIFICATE` (and its
-//! traces' form), which `tls` reads to give both transports their roots.
-//! Off, nothing here runs: no exporter, no thread, and a request's span
-//! stays as it was (in the full example, the lazy one of
-//! `telemetry::request_span`).
+//! endpoint alone. The OpenTelemetry SDK reads `OTEL_SERVICE_NAME` and
+//! `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` and its argument, and
+//! the batch processor's `OTEL_BSP_*`; the exporter ([`export`]) reads
+//! `OTEL_EXPORTER_OTLP_HEADERS`, `…_TIMEOUT` and `…_COMPRESSION`, and
+//! `tls` the CA certificates of `OTEL_EXPORTER_OTLP_CERTIFICATE`, each in
+//! its traces' form first. A request's sampling decision is taken at its
+//! edge, and a sampled request's server span built straight for the
+//! exporter ([`server`]); the service's own spans go through
+//! `tracing-opentelemetry` ([`Traces::layer`]). Off, nothing here runs: no
+//! exporter, no thread, and a request's span stays as it was (in the full
+//! example, the lazy one of `telemetry::request_span`).
 //!
 //! One source for both variants of the template: the minimal service gets
 //! this directory as its own `src/telemetry/traces/` when it is generated.

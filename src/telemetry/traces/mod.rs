@@ -5,7 +5,7 @@
 //! On: `OTEL_EXPORTER_OTLP_ENDPOINT` (or `--otlp-endpoint`), or the traces
 //! endpoint alone. The OpenTelemetry SDK reads `OTEL_SERVICE_NAME` and
 //! `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` and its argument, and
-//! the batch processor's `OTEL_BSP_*`; the exporter ([`export`]) reads
+//! the batch processor's `OTEL_BSP_*`; the exporter (`export`) reads
 //! `OTEL_EXPORTER_OTLP_HEADERS`, `…_TIMEOUT` and `…_COMPRESSION`, and
 //! `tls` the CA certificates of `OTEL_EXPORTER_OTLP_CERTIFICATE`, each in
 //! its traces' form first. A request's sampling decision is taken at its

@@ -8,7 +8,7 @@
 //! the one drawn for the sampler), for its log lines. A request sampled
 //! gets its server span, as the HTTP semantic conventions describe it —
 //! named `METHOD route`, kind server, a child of the caller's span —
-//! recorded straight into the SDK's span data ([`super::span`]) and handed
+//! recorded straight into the SDK's span data (`super::span`) and handed
 //! to the batch processor when it ends: no `tracing` span, no per-poll
 //! bookkeeping, no log field copied into an attribute.
 //!

@@ -40,13 +40,7 @@ use opentelemetry::trace::TraceId;
 // (`traces::server::LOG_META`): one for every request whichever way its
 // span is made.
 use super::traces::server::{Hex, LOG_CALLSITE as CALLSITE, LOG_META as META};
-use super::traces::{self, Edge};
-
-/// `true` for the `request` span's own callsite: a span for the logs only,
-/// never exported (a request's trace is its [`Edge`]'s server span).
-pub fn is_logs_only(metadata: &Metadata<'_>) -> bool {
-    traces::server::is_log_span(metadata)
-}
+use super::traces::Edge;
 
 thread_local! {
     /// The span of the request being polled on this thread, while it is

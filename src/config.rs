@@ -260,8 +260,8 @@ pub struct ServerConfig {
     /// every replica shares the database, so when it is down for one it is
     /// down for all, and a balancer that follows readiness is left with no
     /// replica at all, not even for what they serve without it (cached
-    /// redirects, counted and kept). Off by default; the README's "When the
-    /// database misbehaves" measures both.
+    /// redirects, counted and kept). Off by default; docs/database.md
+    /// measures both.
     #[arg(long, env = "LAMEDUCK_READINESS_FOLLOWS_DATABASE")]
     pub readiness_follows_database: bool,
 

@@ -981,8 +981,8 @@ async fn rolling_replacement_behind_a_load_balancer_drops_no_request() {
 
 // Gap: `docker run` replaces a container with a new one, whose anonymous
 // volumes are new too; a spill left on the old one's would never be applied.
-// With the named volumes of the README's `docker run`, the next container
-// applies what the last one spilled.
+// With the named volumes of the `docker run` in docs/deployment.md, the
+// next container applies what the last one spilled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spill_reaches_the_next_container_through_a_named_volume() {
     const REDIRECTS: u64 = 50;

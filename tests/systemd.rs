@@ -17,7 +17,7 @@
 //! 2. What a deploy costs a new connection, with a request of 5 s in
 //!    flight: `systemctl restart` (the socket holds new connections until
 //!    the old process has drained and the new one started) against
-//!    `systemctl reload`: printed, and in the README.
+//!    `systemctl reload`: printed, and in docs/restarts.md.
 //!
 //! Without a Docker engine, or where systemd cannot run in a container,
 //! the tests say so in one line and pass without checking anything.
@@ -595,7 +595,8 @@ fn new_connections_during(machine: &Machine, deploy: &[&str]) -> (Duration, Dura
 // the unit's deploy before), with a request of 5 s in flight: a restart
 // holds new connections in the socket's backlog until the old process has
 // drained and the new one started; a reload makes none wait. No timing is
-// asserted (the figures go to the README); every connection must succeed.
+// asserted (the figures go to docs/restarts.md); every connection must
+// succeed.
 #[test]
 fn a_deploy_by_reload_holds_no_new_connection_where_a_restart_holds_them_for_the_drain() {
     let _one = lock(&MACHINE);

@@ -1121,7 +1121,7 @@ fn an_unusable_certificate_file_is_a_usage_error_naming_the_variable() {
     assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
 }
 
-/// The default roots, per transport, as the README states them: OTLP/HTTP
+/// The default roots, per transport, as docs/traces.md states them: OTLP/HTTP
 /// trusts the system's store, which `SSL_CERT_FILE` and `SSL_CERT_DIR`
 /// replace (here: the test CA alone, so it is trusted); gRPC trusts the
 /// Mozilla roots compiled in, which no file changes (so the same CA is not).

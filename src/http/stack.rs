@@ -5,10 +5,10 @@
 //! One service rather than a layer each: axum gives every layer added with
 //! `Router::layer` its own boxed service, cloned on every request, and every
 //! `from_fn` boxes its future as well. Eight of them cost more instructions
-//! than the router, the handler and hyper together (see the per-layer table
-//! in the README's "Measured"). Here a request makes no box of its own:
-//! [`StackFuture`] lives in the one axum makes for the route, and what the
-//! steps share (metrics, the timeout) sits behind one `Arc`.
+//! than the router, the handler and hyper together (see the per-step table
+//! in load/results/bench-analysis.md). Here a request makes no box of its
+//! own: [`StackFuture`] lives in the one axum makes for the route, and what
+//! the steps share (metrics, the timeout) sits behind one `Arc`.
 //!
 //! The steps, outermost first, as each request meets them:
 //!

@@ -14,6 +14,11 @@
 //! server is told to read the certificate, in a way that receives renewals;
 //! rendered with `kubectl kustomize` when kubectl is on PATH, it is validated
 //! and checked like the base.
+//!
+//! And the documentation that describes them holds together: every relative
+//! link in the README, `docs/`, the crates' and the load harness's READMEs
+//! and `load/results/` leads to a file that exists and, with an `#anchor`,
+//! to one of its headings (module `links`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -1101,4 +1106,251 @@ fn tls_overlay_renders_and_validates_with_probes_on_plain_http() {
     );
     assert_eq!(ports[0]["appProtocol"].as_str(), Some("https"));
     assert_eq!(ports[0]["port"].as_u64(), Some(443));
+}
+
+/// The documentation's links lead somewhere: every relative link and image
+/// in the README, its chapters in `docs/`, the crates' and the load
+/// harness's READMEs and the measured results names a file or directory
+/// that exists, and every `#anchor` a heading of the Markdown file it
+/// points into, as GitHub makes anchors of headings. Links with a scheme
+/// (`https:`, `mailto:`) are left alone: no network here.
+mod links {
+    use std::collections::{BTreeSet, HashMap};
+    use std::path::{Component, Path, PathBuf};
+
+    use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
+
+    use super::{read, repo};
+
+    /// The files whose links are checked, the README first.
+    fn documentation(root: &Path) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = ["README.md", "lifecycle/README.md", "writebehind/README.md"]
+            .iter()
+            .map(|file| root.join(file))
+            .collect();
+        for dir in ["docs", "load", "load/results"] {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
+                .unwrap_or_else(|e| panic!("read {dir}/: {e}"))
+                .map(|entry| entry.expect("a directory entry").path())
+                .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+                .collect();
+            found.sort();
+            files.extend(found);
+        }
+        // Gone, with the rest of template/, in a project generated from
+        // this repository.
+        let minimal = root.join(MINIMAL_README);
+        if minimal.exists() {
+            files.push(minimal);
+        }
+        files
+    }
+
+    /// The minimal service's README, written for the project that
+    /// `template/variant.rhai` makes of it.
+    const MINIMAL_README: &str = "template/minimal/README.md";
+
+    /// Where a path of the minimal service is in this repository:
+    /// `template/variant.rhai` moves `template/minimal/` to the top, next to
+    /// the lifecycle and write-behind crates and `Cargo.lock`, and brings the
+    /// full example's traces and its exporter of the lifecycle's metrics
+    /// along.
+    fn in_minimal_service(root: &Path, path: &str) -> PathBuf {
+        const CARRIED: [(&str, &str); 5] = [
+            ("lifecycle", "lifecycle"),
+            ("writebehind", "writebehind"),
+            ("Cargo.lock", "Cargo.lock"),
+            ("src/telemetry/traces", "src/telemetry/traces"),
+            ("src/metrics.rs", "src/http/lifecycle_metrics.rs"),
+        ];
+        let path = path.trim_start_matches("./");
+        for (there, here) in CARRIED {
+            if let Some(rest) = path.strip_prefix(there) {
+                if rest.is_empty() || rest.starts_with('/') {
+                    return root.join(format!("{here}{rest}"));
+                }
+            }
+        }
+        root.join("template/minimal").join(path)
+    }
+
+    /// GitHub's anchor for a heading's text: lower case, each space a `-`,
+    /// every character but letters, digits, `-` and `_` left out.
+    fn slug(heading: &str) -> String {
+        heading
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                '-' | '_' => Some(c),
+                c if c.is_alphanumeric() => Some(c),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A Markdown file's links and images (destination, line) and the
+    /// anchors of its headings, a repeated one suffixed `-1`, `-2`, … as
+    /// GitHub does.
+    struct Page {
+        links: Vec<(String, usize)>,
+        anchors: BTreeSet<String>,
+    }
+
+    fn parse(text: &str) -> Page {
+        let options = Options::ENABLE_TABLES
+            | Options::ENABLE_FOOTNOTES
+            | Options::ENABLE_STRIKETHROUGH
+            | Options::ENABLE_TASKLISTS;
+        let line = |offset: usize| text[..offset].matches('\n').count() + 1;
+        let mut links = Vec::new();
+        let mut anchors = BTreeSet::new();
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        let mut heading: Option<String> = None;
+        for (event, range) in Parser::new_ext(text, options).into_offset_iter() {
+            match event {
+                Event::Start(Tag::Link { dest_url, .. } | Tag::Image { dest_url, .. }) => {
+                    links.push((dest_url.into_string(), line(range.start)));
+                }
+                Event::Start(Tag::Heading { .. }) => heading = Some(String::new()),
+                Event::Text(t) | Event::Code(t) => {
+                    if let Some(heading) = heading.as_mut() {
+                        heading.push_str(&t);
+                    }
+                }
+                Event::End(TagEnd::Heading(_)) => {
+                    let base = slug(&heading.take().unwrap_or_default());
+                    let count = seen.entry(base.clone()).or_insert(0);
+                    anchors.insert(match *count {
+                        0 => base.clone(),
+                        n => format!("{base}-{n}"),
+                    });
+                    *count += 1;
+                }
+                _ => {}
+            }
+        }
+        Page { links, anchors }
+    }
+
+    /// `https:`, `mailto:` and the like: not this repository's to check.
+    fn has_scheme(dest: &str) -> bool {
+        dest.split_once(':').is_some_and(|(scheme, _)| {
+            scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        })
+    }
+
+    /// `a/../b` as `b`, without asking the file system (the target may not
+    /// exist).
+    fn normalize(path: &Path) -> PathBuf {
+        let mut out = PathBuf::new();
+        for component in path.components() {
+            match component {
+                Component::ParentDir => {
+                    out.pop();
+                }
+                Component::CurDir => {}
+                other => out.push(other),
+            }
+        }
+        out
+    }
+
+    /// What is wrong with the link `dest` in `file`, if anything.
+    fn broken(
+        root: &Path,
+        file: &Path,
+        dest: &str,
+        anchors: &mut HashMap<PathBuf, BTreeSet<String>>,
+    ) -> Option<String> {
+        // Rustdoc's intra-doc links: the crates' READMEs are their docs.
+        if has_scheme(dest) || dest.contains("::") {
+            return None;
+        }
+        let (path, anchor) = dest.split_once('#').unwrap_or((dest, ""));
+        let target = if path.is_empty() {
+            file.to_path_buf()
+        } else if path.starts_with('/') {
+            return Some("an absolute path: GitHub resolves it from the site's root".to_owned());
+        } else if file == root.join(MINIMAL_README) {
+            in_minimal_service(root, path)
+        } else {
+            normalize(&file.parent().expect("a file in a directory").join(path))
+        };
+        if !target.starts_with(root) {
+            return Some(format!("{} is outside the repository", target.display()));
+        }
+        let shown = target.strip_prefix(root).unwrap_or(&target).display();
+        if !target.exists() {
+            return Some(format!("no such file: {shown}"));
+        }
+        if anchor.is_empty() {
+            return None;
+        }
+        if target.extension().is_none_or(|ext| ext != "md") {
+            return Some(format!("#{anchor} into {shown}, which is not Markdown"));
+        }
+        let headings = anchors
+            .entry(target.clone())
+            .or_insert_with(|| parse(&read(&target)).anchors);
+        (!headings.contains(anchor)).then(|| format!("{shown} has no heading #{anchor}"))
+    }
+
+    #[test]
+    fn every_relative_link_in_the_documentation_resolves() {
+        let root = repo();
+        let mut anchors = HashMap::new();
+        let mut checked = 0;
+        let mut wrong = Vec::new();
+        for file in documentation(&root) {
+            let page = parse(&read(&file));
+            anchors.insert(file.clone(), page.anchors);
+            for (dest, line) in page.links {
+                checked += 1;
+                if let Some(why) = broken(&root, &file, &dest, &mut anchors) {
+                    let shown = file.strip_prefix(&root).unwrap_or(&file).display();
+                    wrong.push(format!("{shown}:{line}: ({dest}): {why}"));
+                }
+            }
+        }
+        assert!(
+            checked > 100,
+            "only {checked} links found: is the parser reading the files?"
+        );
+        assert!(
+            wrong.is_empty(),
+            "{} broken link(s) in the documentation:\n{}",
+            wrong.len(),
+            wrong.join("\n")
+        );
+    }
+
+    #[test]
+    fn anchors_are_made_as_github_makes_them() {
+        let page = parse(
+            "# Connections: drain and rotation\n\
+             ## `lameduck healthcheck` — the probe\n\
+             ## Limits, faults and bad input\n\
+             ## Limits, faults and bad input\n\
+             ### Traces (`load bench --parts traces`)\n",
+        );
+        let expected = [
+            "connections-drain-and-rotation",
+            "lameduck-healthcheck--the-probe",
+            "limits-faults-and-bad-input",
+            "limits-faults-and-bad-input-1",
+            "traces-load-bench---parts-traces",
+        ];
+        assert_eq!(
+            page.anchors,
+            expected
+                .iter()
+                .map(|a| (*a).to_owned())
+                .collect::<BTreeSet<_>>()
+        );
+    }
 }

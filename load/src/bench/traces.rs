@@ -117,12 +117,14 @@ const SETTLED_AFTER: Duration = Duration::from_millis(600);
 /// The longest wait for the receiver to settle after a run.
 const SETTLE_BOUND: Duration = Duration::from_secs(10);
 
-/// The server's threads that only exist to export: the SDK's batch
-/// processor (`OpenTelemetry.Traces.BatchProcessor`) and the OTLP/HTTP
-/// client's blocking runtime (`reqwest-internal-sync-runtime`), as
+/// The server's threads that only exist to export: the batch processor's
+/// (`trace export`), the OTLP/HTTP client's blocking runtime
+/// (`reqwest-internal-sync-runtime`), and the OpenTelemetry SDK's own
+/// batch processor of a build that has it (`OpenTelemetry.Traces.…`), as
 /// `/proc/PID/task/TID/comm` shortens them. The gRPC exporter's transport
-/// runs on the server's own runtime and is not among them.
-const EXPORT_THREADS: [&str; 2] = ["OpenTelemetry", "reqwest-"];
+/// runs on the server's own runtime and is not among them; the spans'
+/// encoding runs on the threads that end them.
+const EXPORT_THREADS: [&str; 3] = ["trace export", "reqwest-", "OpenTelemetry"];
 
 /// How long to wait for a stopped server's last log lines.
 const LOG_WAIT: Duration = Duration::from_secs(2);
@@ -191,8 +193,10 @@ pub struct ExitCounts {
     /// Spans ended but never delivered (`spans_dropped=`): queued past
     /// the batch's capacity, or refused.
     pub spans_dropped: u64,
-    /// The OpenTelemetry SDK's warnings and errors (`name=` of its lines
-    /// at `WARN` and `ERROR`), with how often each came.
+    /// The trace pipeline's warnings and errors, with how often each came:
+    /// the OpenTelemetry SDK's (`name=` of its lines at `WARN` and
+    /// `ERROR`), and the batch processor's and exporter's own (their
+    /// message: spans dropped for a full queue, exports failing).
     pub sdk_warnings: Vec<(String, u64)>,
 }
 
@@ -502,6 +506,10 @@ async fn exit_counts(log: &Path) -> ExitCounts {
     }
 }
 
+/// The warnings of the service's own batch processor and exporter, by the
+/// start of their message.
+const PIPELINE_WARNINGS: [&str; 2] = ["trace spans dropped", "trace export failing"];
+
 fn parse_exit_counts(log: &str) -> ExitCounts {
     let field = |line: &str, name: &str| -> Option<u64> {
         let rest = line.split(&format!("{name}=")).nth(1)?;
@@ -517,7 +525,15 @@ fn parse_exit_counts(log: &str) -> ExitCounts {
             counts.spans_dropped = field(line, "spans_dropped").unwrap_or(0);
         }
         let sdk = [" WARN opentelemetry", " ERROR opentelemetry"];
-        if sdk.iter().any(|level| line.contains(level)) {
+        let own = PIPELINE_WARNINGS
+            .iter()
+            .find(|message| line.contains(" WARN ") && line.contains(*message));
+        if let Some(message) = own {
+            match counts.sdk_warnings.iter_mut().find(|(n, _)| n == message) {
+                Some((_, seen)) => *seen += 1,
+                None => counts.sdk_warnings.push(((*message).to_owned(), 1)),
+            }
+        } else if sdk.iter().any(|level| line.contains(level)) {
             let name = line
                 .split("name=\"")
                 .nth(1)
@@ -592,7 +608,7 @@ fn exported_table(series: &[TracesSeries]) -> String {
         "bytes per span (mean)",
         "spans received, every kind",
         "at exit, server's count: ended / exported / dropped",
-        "OpenTelemetry SDK warnings",
+        "trace pipeline warnings",
         "RSS at end of run, MiB (median / max)",
         "export threads' CPU µs a request (median)",
         "receiver busy (median)",
@@ -831,6 +847,7 @@ mod tests {
 2026-11-26T08:07:56Z  WARN opentelemetry_sdk: name=\"BatchSpanProcessor.SpanDroppingStarted\" message=\"dropped\"
 2026-11-26T08:07:56Z ERROR opentelemetry_sdk: name=\"BatchSpanProcessor.ExportError\" error=\"x\"
 2026-11-26T08:07:56Z ERROR opentelemetry_sdk: name=\"BatchSpanProcessor.ExportError\" error=\"y\"
+2026-11-26T08:07:56Z  WARN lameduck::telemetry::traces::batch: trace spans dropped: the queue is full (OTEL_BSP_MAX_QUEUE_SIZE) max_queue_size=2048
 2026-11-26T08:07:56Z  WARN lameduck_lifecycle::shutdown: traces flushed, but the collector did not take every span spans_exported=1200 spans_dropped=34 requests_ended_open=0
 2026-11-26T08:07:56Z  INFO lameduck_lifecycle::shutdown: shutdown complete reason=\"SIGTERM\"";
         let counts = parse_exit_counts(log);
@@ -841,6 +858,7 @@ mod tests {
             vec![
                 ("BatchSpanProcessor.SpanDroppingStarted".to_owned(), 1),
                 ("BatchSpanProcessor.ExportError".to_owned(), 2),
+                ("trace spans dropped".to_owned(), 1),
             ]
         );
         let clean = parse_exit_counts(

@@ -1,5 +1,5 @@
-//! The OTLP exporter: each batch the SDK's batch processor hands over,
-//! written as one export request ([`super::wire`]) and sent over OTLP/HTTP
+//! The OTLP exporter: each export request the batch processor
+//! ([`super::batch`]) has encoded ([`super::wire`]), sent over OTLP/HTTP
 //! (protobuf) or OTLP/gRPC, with the standard variables' settings:
 //! `OTEL_EXPORTER_OTLP_HEADERS`, `…_TIMEOUT` and `…_COMPRESSION` (`gzip` or
 //! `none`), each in its traces' form first (`OTEL_EXPORTER_OTLP_TRACES_…`),
@@ -7,21 +7,15 @@
 //!
 //! It replaces the exporter of `opentelemetry-otlp` for one reason: that one
 //! copies each span into generated message structs before encoding them,
-//! which cost more than the whole budget of a span ([`super::wire`]). The
-//! batch processor, its thread and its `OTEL_BSP_*` settings stay the SDK's.
+//! which cost more than the whole budget of a span ([`super::wire`]).
 
-use std::sync::{PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes};
-use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
-use opentelemetry_sdk::trace::{SpanData, SpanExporter};
-use opentelemetry_sdk::Resource;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder as TonicEncoder};
 use tonic::transport::{Channel, Endpoint};
 
 use super::tls::{self, ExtraRoots};
-use super::wire::Encoder;
 use super::OtlpProtocol;
 
 /// How long an export may take when no variable says: the specification's
@@ -112,13 +106,15 @@ enum Transport {
     Grpc {
         client: tonic::client::Grpc<Channel>,
         metadata: tonic::metadata::MetadataMap,
+        /// The runtime the channel's connection lives on: the export
+        /// thread waits for each call on it.
+        runtime: tokio::runtime::Handle,
     },
 }
 
 /// The exporter the batch processor sends each batch through.
 #[derive(Debug)]
 pub(super) struct Exporter {
-    encoder: RwLock<Encoder>,
     transport: Transport,
     settings: Settings,
 }
@@ -183,11 +179,16 @@ impl Exporter {
                         .map_err(|error| invalid("a header's value", &error))?;
                     metadata.append(key, value);
                 }
-                Transport::Grpc { client, metadata }
+                let runtime = tokio::runtime::Handle::try_current()
+                    .map_err(|error| invalid("the gRPC channel's runtime", &error))?;
+                Transport::Grpc {
+                    client,
+                    metadata,
+                    runtime,
+                }
             }
         };
         Ok(Exporter {
-            encoder: RwLock::new(Encoder::default()),
             transport,
             settings,
         })
@@ -276,31 +277,22 @@ const ATTEMPTS: u32 = 3;
 /// The wait before the second try; doubled before each next one.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
-fn failed(error: &dyn std::fmt::Display) -> OTelSdkError {
-    OTelSdkError::InternalFailure(format!("export failed: {error}"))
-}
-
-fn gzip(body: &[u8]) -> Result<Vec<u8>, OTelSdkError> {
+fn gzip(body: &[u8]) -> Result<Vec<u8>, String> {
     use std::io::Write as _;
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     encoder
         .write_all(body)
         .and_then(|()| encoder.finish())
-        .map_err(|error| failed(&error))
+        .map_err(|error| format!("export failed: {error}"))
 }
 
-impl SpanExporter for Exporter {
-    /// Encodes the batch, then sends it; a failure another try could cure
-    /// is tried again ([`ATTEMPTS`], waiting [`FIRST_BACKOFF`], then twice
-    /// as long), within the export's timeout.
-    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+impl Exporter {
+    /// Sends one export request's `body`, on this thread (the batch
+    /// processor's own); a failure another try could cure is tried again
+    /// ([`ATTEMPTS`], waiting [`FIRST_BACKOFF`], then twice as long),
+    /// within the export's timeout.
+    pub(super) fn send(&self, body: Vec<u8>) -> Result<(), String> {
         let started = Instant::now();
-        let body = self
-            .encoder
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .request(&batch);
-        drop(batch);
         let body = match &self.transport {
             Transport::Http { .. } if self.settings.gzip => gzip(&body)?,
             _ => body,
@@ -314,36 +306,27 @@ impl SpanExporter for Exporter {
                     url,
                     headers,
                 } => self.post(client, url, headers, body.clone()),
-                Transport::Grpc { client, metadata } => {
-                    self.call(client, metadata, body.clone()).await
-                }
+                Transport::Grpc {
+                    client,
+                    metadata,
+                    runtime,
+                } => runtime.block_on(self.call(client, metadata, body.clone())),
             };
             let message = match sent {
                 Ok(()) => return Ok(()),
-                Err(Failure::Final(message)) => return Err(failed(&message)),
+                Err(Failure::Final(message)) => return Err(format!("export failed: {message}")),
                 Err(Failure::Retryable(message)) => message,
             };
             let time_left = self.settings.timeout.saturating_sub(started.elapsed());
             if attempt == ATTEMPTS || time_left <= backoff {
-                return Err(failed(&format!("{message} ({attempt} tries)")));
+                return Err(format!("export failed: {message} ({attempt} tries)"));
             }
             // The batch processor's own thread: a wait here holds no one
             // else up.
             std::thread::sleep(backoff);
             backoff *= 2;
         }
-        Err(failed(&"no try made"))
-    }
-
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        Ok(())
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        self.encoder
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .set_resource(resource);
+        Err("export failed: no try made".to_owned())
     }
 }
 

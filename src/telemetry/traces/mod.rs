@@ -4,8 +4,8 @@
 //!
 //! On: `OTEL_EXPORTER_OTLP_ENDPOINT` (or `--otlp-endpoint`), or the traces
 //! endpoint alone. The OpenTelemetry SDK reads `OTEL_SERVICE_NAME` and
-//! `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` and its argument, and
-//! the batch processor's `OTEL_BSP_*`; the exporter (`export`) reads
+//! `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` and its argument; the
+//! batch processor (`batch`) reads `OTEL_BSP_*`, the exporter (`export`)
 //! `OTEL_EXPORTER_OTLP_HEADERS`, `…_TIMEOUT` and `…_COMPRESSION`, and
 //! `tls` the CA certificates of `OTEL_EXPORTER_OTLP_CERTIFICATE`, each in
 //! its traces' form first. A request's sampling decision is taken at its
@@ -20,8 +20,9 @@
 //! So it names nothing of the crate but its own path (`traced_span!`) and,
 //! in its tests, `config::{Cli, Command}` (a server config's `otlp`).
 //!
-//! Spans end in the SDK's batch processor, which exports them from a thread
-//! of its own. At exit that batch is what a process loses, so:
+//! Spans end in the batch processor, encoded as they end, and are exported
+//! from a thread of its own. At exit that batch is what a process loses,
+//! so:
 //! - [`Traces::flush`] is the last finalizer (registered first): it runs
 //!   after the others (in the full example the final hit flush, whose span
 //!   it then carries), ends the spans of requests still open with an error
@@ -32,6 +33,7 @@
 //! - after a second signal, [`Traces::flush_now`] (a force hook, the last)
 //!   gives the export [`TRACE_FORCE_FLUSH_BUDGET`], no more.
 
+mod batch;
 mod count;
 mod export;
 pub mod fields;
@@ -52,7 +54,7 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::{Context, InstrumentationScope, KeyValue};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
-    BatchSpanProcessor, RandomIdGenerator, SdkTracerProvider, Span, SpanData, SpanProcessor,
+    RandomIdGenerator, SdkTracerProvider, Span, SpanData, SpanProcessor,
 };
 use opentelemetry_sdk::Resource;
 use tracing::Subscriber;
@@ -64,7 +66,7 @@ use tracing_subscriber::Layer;
 // metric of it: unused there.
 #[allow(unused_imports)]
 pub use count::spans_refused;
-use count::{Counted, Counts};
+use count::Counts;
 pub use export::ExporterError;
 use lameduck_lifecycle::{BoxError, LOG_TARGET};
 pub use parent::parent_context;
@@ -74,13 +76,10 @@ use tls::ExtraRoots;
 
 /// What the logs leave out with traces on, since the exporter says once
 /// when exports start failing, and why, and once when they succeed again:
-/// the SDK's error for each batch the collector refused, and the HTTP
-/// client's verifier's for each certificate it refused
+/// the HTTP client's verifier's error for each certificate it refused
 /// (`tls::VerifierErrors`).
 pub fn logged<S>() -> impl tracing_subscriber::layer::Filter<S> {
-    use tracing_subscriber::filter::{filter_fn, FilterExt};
-    let per_batch = filter_fn(|metadata| !count::is_per_batch_error(metadata));
-    per_batch.and(tls::VerifierErrors)
+    tls::VerifierErrors
 }
 
 /// What the trace layer takes: [`Traces::FILTER`], less the log spans of
@@ -308,15 +307,22 @@ impl Traces {
             }
         })?;
         let counts = Arc::new(Counts::default());
-        let exporter = Counted::exporter(exporter, &counts);
         let resource = resource();
-        let mut batch = Counted::processor(BatchSpanProcessor::builder(exporter).build(), &counts);
         // The provider would hand the resource to its processors; this one
         // is shared with the server spans ([`server`]), so it gets it here.
-        batch.set_resource(&resource);
-        let batch: Arc<dyn SpanProcessor> = Arc::new(batch);
+        let batch = batch::Batcher::start(
+            exporter,
+            &resource,
+            batch::Config::from_env(),
+            Arc::clone(&counts),
+        )
+        .map_err(|error| TracesError::Exporter {
+            url: url.clone(),
+            source: ExporterError::new(format!("cannot start the export thread: {error}")),
+        })?;
+        let batch = Arc::new(batch);
         let provider = SdkTracerProvider::builder()
-            .with_span_processor(Shared(Arc::clone(&batch)))
+            .with_span_processor(Shared(Arc::clone(&batch) as Arc<dyn SpanProcessor>))
             .with_resource(resource)
             .build();
         // The sampler and limits the standard variables name, as the SDK

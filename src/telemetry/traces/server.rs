@@ -34,22 +34,24 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context as TaskContext, Poll};
 
 use axum::http::header::{HeaderName, HOST, USER_AGENT};
-use axum::http::{Method, Request, Version};
+use axum::http::{Request, Version};
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
 };
 use opentelemetry::{Context, InstrumentationScope, KeyValue};
 use opentelemetry_sdk::trace::{
     IdGenerator, RandomIdGenerator, SamplingDecision, ShouldSample, SpanData, SpanEvents,
-    SpanLimits, SpanLinks, SpanProcessor,
+    SpanLimits, SpanLinks,
 };
 use tracing::{Level, Metadata, Value};
 use tracing_core::callsite::DefaultCallsite;
 use tracing_core::field::FieldSet;
 use tracing_core::metadata::Kind;
 
+use super::batch::Batcher;
 use super::open::Registration;
 use super::span::Recorded;
+use super::wire;
 
 /// What a server span needs: the sampler, the limits, where ended spans
 /// go, and the scope they are reported under.
@@ -57,7 +59,7 @@ use super::span::Recorded;
 pub(super) struct Pipeline {
     pub(super) sampler: Box<dyn ShouldSample>,
     pub(super) limits: SpanLimits,
-    pub(super) processor: Arc<dyn SpanProcessor>,
+    pub(super) processor: Arc<Batcher>,
     pub(super) scope: InstrumentationScope,
     pub(super) ids: RandomIdGenerator,
 }
@@ -308,18 +310,20 @@ impl Pipeline {
             false,
             sampling.trace_state,
         );
-        let mut attributes = attributes(request, method, route);
+        // `OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`, as the SDK applies it: the
+        // first ones kept.
+        let limit = self.limits.max_attributes_per_span as usize;
+        let mut encoded = Encoded::new(limit);
+        encoded.request(request, method, route);
         if let Some(id) = request_id {
             // What the logs and the answer's `x-request-id` name it by.
-            attributes.push(KeyValue::new("request_id", id.to_owned()));
+            encoded.text("request_id", id);
         }
-        if !sampling.attributes.is_empty() {
-            attributes.extend(sampling.attributes);
-        }
-        // `OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`, as the SDK applies it.
-        let limit = self.limits.max_attributes_per_span as usize;
-        let dropped = u32::try_from(attributes.len().saturating_sub(limit)).unwrap_or(u32::MAX);
-        attributes.truncate(limit);
+        let mut attributes = sampling.attributes;
+        let room = limit.saturating_sub(encoded.count);
+        let dropped = encoded.dropped + attributes.len().saturating_sub(room);
+        attributes.truncate(room);
+        let dropped = u32::try_from(dropped).unwrap_or(u32::MAX);
         let start_time = opentelemetry::time::now();
         let data = SpanData {
             span_context: context,
@@ -340,7 +344,9 @@ impl Pipeline {
             status: Status::Unset,
             instrumentation_scope: self.scope.clone(),
         };
-        let span = Recorded::new(data, self.limits, Arc::clone(&self.processor));
+        let encoded = (encoded.bytes, encoded.count);
+        let processor = Arc::clone(&self.processor);
+        let span = Recorded::with_encoded(data, encoded, self.limits, processor);
         let context = parent.with_span(span);
         let sampled = Sampled {
             context: Some(context.clone()),
@@ -506,57 +512,74 @@ fn name(method: &str, route: Option<&str>) -> String {
     name
 }
 
-/// The HTTP server span's attributes, as OpenTelemetry's semantic
-/// conventions name them.
-fn attributes<B>(request: &Request<B>, method: &str, route: Option<&str>) -> Vec<KeyValue> {
-    let mut attributes = Vec::with_capacity(9);
-    // The standard methods are static strings: no copy.
-    let method_value = match *request.method() {
-        Method::GET => opentelemetry::Value::from("GET"),
-        Method::HEAD => opentelemetry::Value::from("HEAD"),
-        Method::POST => opentelemetry::Value::from("POST"),
-        Method::PUT => opentelemetry::Value::from("PUT"),
-        Method::DELETE => opentelemetry::Value::from("DELETE"),
-        Method::PATCH => opentelemetry::Value::from("PATCH"),
-        Method::OPTIONS => opentelemetry::Value::from("OPTIONS"),
-        _ => opentelemetry::Value::from(method.to_owned()),
-    };
-    attributes.push(KeyValue::new("http.request.method", method_value));
-    attributes.push(KeyValue::new("url.path", request.uri().path().to_owned()));
-    if let Some(route) = route {
-        attributes.push(KeyValue::new("http.route", route.to_owned()));
-    }
-    let version = match request.version() {
-        Version::HTTP_10 => Some("1.0"),
-        Version::HTTP_11 => Some("1.1"),
-        Version::HTTP_2 => Some("2"),
-        _ => None,
-    };
-    if let Some(version) = version {
-        attributes.push(KeyValue::new("network.protocol.version", version));
-    }
-    // `Host` and `User-Agent` in one pass over the few headers a request
-    // has, rather than a hashed look-up each.
-    let (mut host, mut agent) = (request.uri().host(), None);
-    for (name, value) in request.headers() {
-        if *name == HOST && host.is_none() {
-            host = value.to_str().ok();
-        } else if *name == USER_AGENT && agent.is_none() {
-            agent = value.to_str().ok();
+/// A server span's attributes taken from its request, encoded as they are
+/// read: no string copied out of the request, no `KeyValue` made.
+struct Encoded {
+    bytes: Vec<u8>,
+    count: usize,
+    dropped: usize,
+    limit: usize,
+}
+
+impl Encoded {
+    fn new(limit: usize) -> Encoded {
+        Encoded {
+            bytes: Vec::with_capacity(256),
+            count: 0,
+            dropped: 0,
+            limit,
         }
     }
-    if let Some(host) = host {
-        // `Host` may carry a port; an IPv6 literal keeps its brackets.
-        let address = match host.rsplit_once(':') {
-            Some((address, port)) if !port.contains(']') => address,
-            _ => host,
+
+    /// The attribute `key` of text `value`, within the limit.
+    fn text(&mut self, key: &str, value: &str) {
+        if self.count < self.limit {
+            wire::text_attribute(&mut self.bytes, key, value);
+            self.count += 1;
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    /// The HTTP server span's attributes, as OpenTelemetry's semantic
+    /// conventions name them.
+    fn request<B>(&mut self, request: &Request<B>, method: &str, route: Option<&str>) {
+        self.text("http.request.method", method);
+        self.text("url.path", request.uri().path());
+        if let Some(route) = route {
+            self.text("http.route", route);
+        }
+        let version = match request.version() {
+            Version::HTTP_10 => Some("1.0"),
+            Version::HTTP_11 => Some("1.1"),
+            Version::HTTP_2 => Some("2"),
+            _ => None,
         };
-        attributes.push(KeyValue::new("server.address", address.to_owned()));
+        if let Some(version) = version {
+            self.text("network.protocol.version", version);
+        }
+        // `Host` and `User-Agent` in one pass over the few headers a
+        // request has, rather than a hashed look-up each.
+        let (mut host, mut agent) = (request.uri().host(), None);
+        for (name, value) in request.headers() {
+            if *name == HOST && host.is_none() {
+                host = value.to_str().ok();
+            } else if *name == USER_AGENT && agent.is_none() {
+                agent = value.to_str().ok();
+            }
+        }
+        if let Some(host) = host {
+            // `Host` may carry a port; an IPv6 literal keeps its brackets.
+            let address = match host.rsplit_once(':') {
+                Some((address, port)) if !port.contains(']') => address,
+                _ => host,
+            };
+            self.text("server.address", address);
+        }
+        if let Some(agent) = agent {
+            self.text("user_agent.original", agent);
+        }
     }
-    if let Some(agent) = agent {
-        attributes.push(KeyValue::new("user_agent.original", agent.to_owned()));
-    }
-    attributes
 }
 
 /// A trace id as the W3C and the logs write it, 32 lowercase hex digits,

@@ -14,28 +14,43 @@ use std::time::SystemTime;
 
 use opentelemetry::trace::{Event, Link, SpanContext, Status};
 use opentelemetry::KeyValue;
-use opentelemetry_sdk::trace::{SpanData, SpanLimits, SpanProcessor};
+use opentelemetry_sdk::trace::{SpanData, SpanLimits};
+
+use super::batch::Batcher;
 
 /// A recording span: [`SpanData`] until it ends, then nothing.
 #[derive(Debug)]
 pub(super) struct Recorded {
     context: SpanContext,
     data: Option<SpanData>,
+    /// Attributes already encoded, ahead of the data's own, and how many.
+    encoded: Vec<u8>,
+    encoded_count: usize,
     limits: SpanLimits,
-    processor: Arc<dyn SpanProcessor>,
+    processor: Arc<Batcher>,
 }
 
 impl Recorded {
     /// A span of `data` (its `span_context` is the span's), which ends into
     /// `processor`.
-    pub(super) fn new(
+    pub(super) fn new(data: SpanData, limits: SpanLimits, processor: Arc<Batcher>) -> Recorded {
+        Recorded::with_encoded(data, (Vec::new(), 0), limits, processor)
+    }
+
+    /// [`Recorded::new`], with `encoded`: attributes already encoded
+    /// (`super::wire::text_attribute`), and how many, counted within
+    /// the limit of a span's attributes.
+    pub(super) fn with_encoded(
         data: SpanData,
+        encoded: (Vec<u8>, usize),
         limits: SpanLimits,
-        processor: Arc<dyn SpanProcessor>,
+        processor: Arc<Batcher>,
     ) -> Recorded {
         Recorded {
             context: data.span_context.clone(),
             data: Some(data),
+            encoded: encoded.0,
+            encoded_count: encoded.1,
             limits,
             processor,
         }
@@ -78,7 +93,8 @@ impl opentelemetry::trace::Span for Recorded {
         let Some(data) = &mut self.data else {
             return;
         };
-        if data.attributes.len() < self.limits.max_attributes_per_span as usize {
+        let count = self.encoded_count + data.attributes.len();
+        if count < self.limits.max_attributes_per_span as usize {
             data.attributes.push(attribute);
         } else {
             data.dropped_attributes_count += 1;
@@ -120,7 +136,7 @@ impl opentelemetry::trace::Span for Recorded {
     fn end_with_timestamp(&mut self, timestamp: SystemTime) {
         if let Some(mut data) = self.data.take() {
             data.end_time = timestamp;
-            self.processor.on_end(data);
+            self.processor.end(data, &self.encoded);
         }
     }
 }

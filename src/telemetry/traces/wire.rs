@@ -44,38 +44,23 @@ impl Encoder {
         self.schema_url = resource.schema_url().map(str::to_owned);
     }
 
-    /// `spans` as one export request's body.
-    pub(super) fn request(&self, spans: &[SpanData]) -> Vec<u8> {
-        // Spans grouped by scope, in the order each scope first appears: a
-        // process has one or two, so a scan beats a map, and most spans
-        // are of the scope before them.
-        let mut scopes: Vec<&InstrumentationScope> = Vec::new();
-        let mut of_scope = Vec::with_capacity(spans.len());
-        let mut last = 0;
-        for span in spans {
-            let scope = &span.instrumentation_scope;
-            if scopes.get(last) != Some(&scope) {
-                last = match scopes.iter().position(|known| *known == scope) {
-                    Some(index) => index,
-                    None => {
-                        scopes.push(scope);
-                        scopes.len() - 1
-                    }
-                };
-            }
-            of_scope.push(last);
-        }
-        let mut request = Vec::with_capacity(spans.len() * 512 + self.resource.len() + 64);
+    /// One export request's body: the resource, then each scope with the
+    /// spans encoded for it ([`span`]), in the order given.
+    pub(super) fn request_of<'a>(
+        &self,
+        scopes: impl Iterator<Item = (&'a InstrumentationScope, &'a [u8])>,
+    ) -> Vec<u8> {
+        let scopes: Vec<_> = scopes.collect();
+        let spans: usize = scopes.iter().map(|(_, spans)| spans.len()).sum();
+        let mut request = Vec::with_capacity(spans + self.resource.len() + 256);
         // Lengths reserved at the size a batch's take: a prefix of three
-        // bytes up to 2 MiB, of two for a span up to 16 KiB.
+        // bytes, up to 2 MiB.
         message_sized(&mut request, 1, 3, |buf| {
             message(buf, 1, |buf| buf.extend_from_slice(&self.resource));
-            for (index, scope) in scopes.into_iter().enumerate() {
+            for (scope, spans) in scopes {
                 message_sized(buf, 2, 3, |buf| {
                     message(buf, 1, |buf| instrumentation_scope(buf, scope));
-                    for (span, _) in spans.iter().zip(&of_scope).filter(|(_, s)| **s == index) {
-                        message_sized(buf, 2, 2, |buf| span_fields(buf, span));
-                    }
+                    buf.extend_from_slice(spans);
                     string(buf, 3, scope.schema_url().unwrap_or(""));
                 });
             }
@@ -85,6 +70,53 @@ impl Encoder {
         });
         request
     }
+
+    /// `spans` as one export request's body, grouped by scope in the order
+    /// each scope first appears.
+    #[cfg(test)]
+    pub(super) fn request(&self, spans: &[SpanData]) -> Vec<u8> {
+        let mut scopes: Vec<(&InstrumentationScope, Vec<u8>)> = Vec::new();
+        for data in spans {
+            let scope = &data.instrumentation_scope;
+            let index = match scopes.iter().position(|(known, _)| *known == scope) {
+                Some(index) => index,
+                None => {
+                    scopes.push((scope, Vec::new()));
+                    scopes.len() - 1
+                }
+            };
+            span(&mut scopes[index].1, data, &[]);
+        }
+        self.request_of(scopes.iter().map(|(scope, spans)| (*scope, &spans[..])))
+    }
+}
+
+/// `span` as a `ScopeSpans`' `spans` field: its key, its length and its
+/// message, ready to be appended to its scope's others. `attributes` are
+/// attributes already encoded ([`text_attribute`]), written before the
+/// span data's own.
+pub(super) fn span(buf: &mut Vec<u8>, span: &SpanData, attributes: &[u8]) {
+    // A span's length takes two bytes up to 16 KiB.
+    message_sized(buf, 2, 2, |buf| span_fields(buf, span, attributes));
+}
+
+/// A span's attribute of text `value`, written as [`span`] writes a
+/// `KeyValue` of a string: for the attributes a server span takes from its
+/// request, encoded from the request's own bytes with no string copied
+/// out of it.
+pub(super) fn text_attribute(buf: &mut Vec<u8>, key: &str, value: &str) {
+    let value_len = field_len(value.len());
+    let key_len = if key.is_empty() {
+        0
+    } else {
+        field_len(key.len())
+    };
+    encode_key(9, LEN, buf);
+    encode_varint((key_len + field_len(value_len)) as u64, buf);
+    string(buf, 1, key);
+    encode_key(2, LEN, buf);
+    encode_varint(value_len as u64, buf);
+    bytes(buf, 1, value.as_bytes());
 }
 
 /// `value` as a varint, the one byte of most values here first.
@@ -205,7 +237,7 @@ fn instrumentation_scope(buf: &mut Vec<u8>, scope: &InstrumentationScope) {
     }
 }
 
-fn span_fields(buf: &mut Vec<u8>, span: &SpanData) {
+fn span_fields(buf: &mut Vec<u8>, span: &SpanData, attributes: &[u8]) {
     let context = &span.span_context;
     bytes(buf, 1, &context.trace_id().to_bytes());
     bytes(buf, 2, &context.span_id().to_bytes());
@@ -225,6 +257,7 @@ fn span_fields(buf: &mut Vec<u8>, span: &SpanData) {
     varint(buf, 6, kind);
     fixed64(buf, 7, nanos(span.start_time));
     fixed64(buf, 8, nanos(span.end_time));
+    buf.extend_from_slice(attributes);
     for attribute in &span.attributes {
         attribute_field(buf, 9, attribute);
     }
@@ -495,5 +528,32 @@ mod tests {
         let scopes = &ours.resource_spans[0].scope_spans;
         assert_eq!(scopes.len(), 2, "{ours:#?}");
         assert_eq!(scopes[0].spans.len(), 2, "{ours:#?}");
+    }
+
+    // The attributes a server span encodes from its request are the
+    // `KeyValue`s they stand for, ahead of the span data's own.
+    #[test]
+    fn text_attributes_encode_as_key_values_do() {
+        let texts = [
+            ("url.path", "/a-code"),
+            ("empty", ""),
+            ("long", &"y".repeat(300)[..]),
+        ];
+        let mut with_keys = spans().swap_remove(1);
+        let mut encoded = Vec::new();
+        for (key, value) in texts {
+            text_attribute(&mut encoded, key, value);
+        }
+        let mut ours = Vec::new();
+        span(&mut ours, &with_keys, &encoded);
+        let mut attributes: Vec<KeyValue> = texts
+            .iter()
+            .map(|(key, value)| KeyValue::new(*key, (*value).to_owned()))
+            .collect();
+        attributes.append(&mut with_keys.attributes);
+        with_keys.attributes = attributes;
+        let mut theirs = Vec::new();
+        span(&mut theirs, &with_keys, &[]);
+        assert_eq!(ours, theirs);
     }
 }

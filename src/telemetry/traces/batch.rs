@@ -127,6 +127,8 @@ struct State {
     /// reaches the first as it was when it asked.
     flushes_asked: u64,
     flushes_done: u64,
+    /// Why the last flush's exports failed, if one did.
+    flush_failure: Option<String>,
     /// The processor is shut down: spans ending now are dropped.
     stopping: bool,
     /// The export thread has returned.
@@ -203,8 +205,9 @@ impl Batcher {
     }
 
     /// Asks the export thread to send everything queued now, and waits
-    /// until it has (or has stopped).
-    fn flush(&self) {
+    /// until it has (or has stopped); says why not if the collector did
+    /// not take it all.
+    fn flush(&self) -> Result<(), String> {
         let shared = &*self.shared;
         let mut state = shared.lock();
         state.flushes_asked += 1;
@@ -215,6 +218,10 @@ impl Batcher {
                 .flushed
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
+        }
+        match &state.flush_failure {
+            Some(failure) if state.flushes_done >= asked => Err(failure.clone()),
+            _ => Ok(()),
         }
     }
 }
@@ -266,8 +273,7 @@ impl SpanProcessor for Batcher {
     }
 
     fn force_flush(&self) -> OTelSdkResult {
-        self.flush();
-        Ok(())
+        self.flush().map_err(OTelSdkError::InternalFailure)
     }
 
     /// Sends what is queued, then stops the export thread, waiting for it
@@ -344,17 +350,22 @@ fn export_loop(shared: &Shared, encoder: &Encoder, exporter: &impl Sender) {
         if everything {
             last_export = Instant::now();
         }
+        let mut failure = None;
         for batch in taken {
             let scopes = batch
                 .scopes
                 .iter()
                 .map(|(scope, spans)| (scope, &spans[..]));
             let result = exporter.send(encoder.request_of(scopes));
+            if let Err(error) = &result {
+                failure = Some(error.clone());
+            }
             shared.counts.exported(batch.spans as u64, result);
         }
         let mut state = shared.lock();
         if let Some(asked) = flush {
             state.flushes_done = state.flushes_done.max(asked);
+            state.flush_failure = failure;
         }
         state.stopped = stop;
         shared.flushed.notify_all();
@@ -537,7 +548,11 @@ mod tests {
             .answer
             .send(Err("refused".to_owned()))
             .expect("answered");
-        harness.batcher.force_flush().expect("flushed");
+        let refused = harness
+            .batcher
+            .force_flush()
+            .expect_err("the flush says so");
+        assert!(refused.to_string().contains("refused"), "{refused}");
         assert_eq!(harness.sent.try_recv().expect("sent"), [names("a", 0..1)]);
         harness.batcher.on_end(span(1, "a"));
         harness.answer.send(Ok(())).expect("answered ahead");

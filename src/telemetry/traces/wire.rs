@@ -136,27 +136,16 @@ fn encode_key(tag: u32, wire_type: WireType, buf: &mut Vec<u8>) {
     encode_varint(u64::from(tag << 3 | wire_type as u32), buf);
 }
 
-/// A length-delimited field `tag` holding `content`: its key and length
-/// written at once.
-fn bytes(buf: &mut Vec<u8>, tag: u32, content: &[u8]) {
-    let mut head = [0u8; 15];
-    let mut used = put_varint(&mut head, 0, u64::from(tag << 3 | LEN as u32));
-    used = put_varint(&mut head, used, content.len() as u64);
-    buf.reserve(used + content.len());
-    buf.extend_from_slice(&head[..used]);
-    buf.extend_from_slice(content);
-}
-
-/// Writes `value` as a varint into `into` at `at`; says where it ends.
+/// A length-delimited field `tag` holding `content`: room made once, the
+/// key and length pushed byte by byte (a copy of two bytes would cost a
+/// call of `memcpy`), the content copied.
 #[inline]
-fn put_varint(into: &mut [u8], mut at: usize, mut value: u64) -> usize {
-    while value > 0x7f {
-        into[at] = (value & 0x7f) as u8 | 0x80;
-        value >>= 7;
-        at += 1;
-    }
-    into[at] = value as u8;
-    at + 1
+fn bytes(buf: &mut Vec<u8>, tag: u32, content: &[u8]) {
+    // A key and a length: at most 5 and 10 bytes.
+    buf.reserve(15 + content.len());
+    encode_key(tag, LEN, buf);
+    encode_varint(content.len() as u64, buf);
+    buf.extend_from_slice(content);
 }
 
 /// A string field, left out when empty (proto3's default).

@@ -74,7 +74,11 @@ impl Config {
         if let Some(n) = number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") {
             config.max_export_batch_size = size(n);
         }
-        config.max_export_batch_size = config.max_export_batch_size.min(config.max_queue_size);
+        // No larger than the queue, and at least one span.
+        config.max_export_batch_size = config
+            .max_export_batch_size
+            .min(config.max_queue_size)
+            .max(1);
         config
     }
 }
@@ -224,9 +228,7 @@ impl Batcher {
             _ => Ok(()),
         }
     }
-}
 
-impl Batcher {
     /// Ends `span`, whose `attributes` ahead of its own are already
     /// encoded ([`wire::text_attribute`]): encoded here, queued for the
     /// export thread.
@@ -237,7 +239,11 @@ impl Batcher {
             scratch.clear();
             wire::span(scratch, &span, attributes);
             let mut state = shared.lock();
-            if state.stopping || state.queued >= shared.config.max_queue_size {
+            if state.stopping {
+                // After the shutdown: counted ended, never exported.
+                return;
+            }
+            if state.queued >= shared.config.max_queue_size {
                 drop(state);
                 if !shared.dropping.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
@@ -248,7 +254,7 @@ impl Batcher {
                 }
                 return;
             }
-            let max = shared.config.max_export_batch_size.max(1);
+            let max = shared.config.max_export_batch_size;
             if state.batches.back().is_none_or(|batch| batch.spans >= max) {
                 state.batches.push_back(Batch::default());
             }
@@ -314,7 +320,7 @@ impl SpanProcessor for Batcher {
 /// shutdown, then sends what that calls for.
 fn export_loop(shared: &Shared, encoder: &Encoder, exporter: &impl Sender) {
     let config = shared.config;
-    let full = |batch: &Batch| batch.spans >= config.max_export_batch_size.max(1);
+    let full = |batch: &Batch| batch.spans >= config.max_export_batch_size;
     let mut last_export = Instant::now();
     loop {
         let mut state = shared.lock();
@@ -592,5 +598,10 @@ mod tests {
         );
         let unreadable = Config::from_vars(vars(&[("OTEL_BSP_SCHEDULE_DELAY", "soon")]));
         assert_eq!(unreadable, Config::default());
+        let empty = Config::from_vars(vars(&[("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "0")]));
+        assert_eq!(
+            empty.max_export_batch_size, 1,
+            "a batch holds a span at least"
+        );
     }
 }

@@ -32,7 +32,6 @@ use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
 use super::count::Counts;
-use super::export::Exporter;
 use super::wire::{self, Encoder};
 
 /// The batching the `OTEL_BSP_*` variables set.
@@ -84,16 +83,10 @@ impl Config {
 }
 
 /// Where the export thread sends each request: the exporter
-/// ([`Exporter`]), or a test's recorder.
+/// (`super::export::Exporter`), or a test's recorder.
 pub(super) trait Sender: Send + 'static {
     /// Sends one export request's `body`; says why not if it could not.
     fn send(&self, body: Vec<u8>) -> Result<(), String>;
-}
-
-impl Sender for Exporter {
-    fn send(&self, body: Vec<u8>) -> Result<(), String> {
-        Exporter::send(self, body)
-    }
 }
 
 /// Spans encoded for one export: at most a batch's worth.
@@ -151,6 +144,8 @@ struct Shared {
     counts: Arc<Counts>,
     /// A span was dropped for a full queue: warned once.
     dropping: AtomicBool,
+    /// The export thread, joined at the shutdown.
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Shared {
@@ -166,12 +161,12 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(1024));
 }
 
-/// The processor every span ends into ([`super::Shared`] for the spans of
-/// `tracing`, [`super::server`]'s directly).
-#[derive(Debug)]
+/// The processor every span ends into: the provider's for the spans of
+/// `tracing`, and [`super::server`]'s directly. Its clones are one
+/// processor.
+#[derive(Clone, Debug)]
 pub(super) struct Batcher {
     shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Batcher {
@@ -193,6 +188,7 @@ impl Batcher {
             config,
             counts,
             dropping: AtomicBool::new(false),
+            thread: Mutex::new(None),
         });
         let mut encoder = Encoder::default();
         encoder.set_resource(resource);
@@ -202,10 +198,8 @@ impl Batcher {
                 let shared = Arc::clone(&shared);
                 move || export_loop(&shared, &encoder, &exporter)
             })?;
-        Ok(Batcher {
-            shared,
-            thread: Mutex::new(Some(thread)),
-        })
+        *shared.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(thread);
+        Ok(Batcher { shared })
     }
 
     /// Asks the export thread to send everything queued now, and waits
@@ -305,7 +299,7 @@ impl SpanProcessor for Batcher {
                 .0;
         }
         drop(state);
-        let mut thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut thread = shared.thread.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(thread) = thread.take() {
             let _ = thread.join();
         }

@@ -15,6 +15,7 @@ use bytes::{Buf, BufMut, Bytes};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder as TonicEncoder};
 use tonic::transport::{Channel, Endpoint};
 
+use super::batch::Sender;
 use super::tls::{self, ExtraRoots};
 use super::OtlpProtocol;
 
@@ -286,12 +287,12 @@ fn gzip(body: &[u8]) -> Result<Vec<u8>, String> {
         .map_err(|error| format!("export failed: {error}"))
 }
 
-impl Exporter {
+impl Sender for Exporter {
     /// Sends one export request's `body`, on this thread (the batch
     /// processor's own); a failure another try could cure is tried again
     /// ([`ATTEMPTS`], waiting [`FIRST_BACKOFF`], then twice as long),
     /// within the export's timeout.
-    pub(super) fn send(&self, body: Vec<u8>) -> Result<(), String> {
+    fn send(&self, body: Vec<u8>) -> Result<(), String> {
         let started = Instant::now();
         let body = match &self.transport {
             Transport::Http { .. } if self.settings.gzip => gzip(&body)?,

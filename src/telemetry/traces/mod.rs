@@ -51,11 +51,8 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry::{Context, InstrumentationScope, KeyValue};
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{
-    RandomIdGenerator, SdkTracerProvider, Span, SpanData, SpanProcessor,
-};
+use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_sdk::trace::{RandomIdGenerator, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 use tracing::Subscriber;
 use tracing_subscriber::filter::LevelFilter;
@@ -87,32 +84,6 @@ pub fn logged<S>() -> impl tracing_subscriber::layer::Filter<S> {
 pub fn exported<S>() -> impl tracing_subscriber::layer::Filter<S> {
     use tracing_subscriber::filter::{filter_fn, FilterExt};
     Traces::FILTER.and(filter_fn(|metadata| !server::is_log_span(metadata)))
-}
-
-/// One processor, shared by the provider (the spans made through
-/// `tracing`) and the server spans, which end into it directly.
-#[derive(Debug)]
-struct Shared(Arc<dyn SpanProcessor>);
-
-impl SpanProcessor for Shared {
-    fn on_start(&self, span: &mut Span, cx: &Context) {
-        self.0.on_start(span, cx);
-    }
-
-    fn on_end(&self, span: SpanData) {
-        self.0.on_end(span);
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.0.force_flush()
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.0.shutdown_with_timeout(timeout)
-    }
-
-    /// Given when the processor was made (`Traces::start`).
-    fn set_resource(&mut self, _resource: &Resource) {}
 }
 
 /// How long the last finalizer may take to export the spans still in the
@@ -320,9 +291,8 @@ impl Traces {
             url: url.clone(),
             source: ExporterError::new(format!("cannot start the export thread: {error}")),
         })?;
-        let batch = Arc::new(batch);
         let provider = SdkTracerProvider::builder()
-            .with_span_processor(Shared(Arc::clone(&batch) as Arc<dyn SpanProcessor>))
+            .with_span_processor(batch.clone())
             .with_resource(resource)
             .build();
         // The sampler and limits the standard variables name, as the SDK

@@ -30,7 +30,7 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::task::{Context as TaskContext, Poll};
 
 use axum::http::header::{HeaderName, HOST, USER_AGENT};
@@ -59,7 +59,7 @@ use super::wire;
 pub(super) struct Pipeline {
     pub(super) sampler: Box<dyn ShouldSample>,
     pub(super) limits: SpanLimits,
-    pub(super) processor: Arc<Batcher>,
+    pub(super) processor: Batcher,
     pub(super) scope: InstrumentationScope,
     pub(super) ids: RandomIdGenerator,
 }
@@ -345,7 +345,7 @@ impl Pipeline {
             instrumentation_scope: self.scope.clone(),
         };
         let encoded = (encoded.bytes, encoded.count);
-        let processor = Arc::clone(&self.processor);
+        let processor = self.processor.clone();
         let span = Recorded::with_encoded(data, encoded, self.limits, processor);
         let context = parent.with_span(span);
         let sampled = Sampled {
@@ -435,7 +435,7 @@ impl ChildSpan {
             status: Status::Unset,
             instrumentation_scope: pipeline.scope.clone(),
         };
-        let processor = Arc::clone(&pipeline.processor);
+        let processor = pipeline.processor.clone();
         ChildSpan(Some(Box::new(Recorded::new(
             data,
             pipeline.limits,

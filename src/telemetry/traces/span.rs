@@ -9,7 +9,6 @@
 //! find as their parent and the last flush can end ([`super::open`]).
 
 use std::borrow::Cow;
-use std::sync::Arc;
 use std::time::SystemTime;
 
 use opentelemetry::trace::{Event, Link, SpanContext, Status};
@@ -27,13 +26,13 @@ pub(super) struct Recorded {
     encoded: Vec<u8>,
     encoded_count: usize,
     limits: SpanLimits,
-    processor: Arc<Batcher>,
+    processor: Batcher,
 }
 
 impl Recorded {
     /// A span of `data` (its `span_context` is the span's), which ends into
     /// `processor`.
-    pub(super) fn new(data: SpanData, limits: SpanLimits, processor: Arc<Batcher>) -> Recorded {
+    pub(super) fn new(data: SpanData, limits: SpanLimits, processor: Batcher) -> Recorded {
         Recorded::with_encoded(data, (Vec::new(), 0), limits, processor)
     }
 
@@ -44,7 +43,7 @@ impl Recorded {
         data: SpanData,
         encoded: (Vec<u8>, usize),
         limits: SpanLimits,
-        processor: Arc<Batcher>,
+        processor: Batcher,
     ) -> Recorded {
         Recorded {
             context: data.span_context.clone(),

@@ -3,10 +3,11 @@
 #   docker build -t lameduck .
 #   docker run -p 8080:8080 lameduck
 #
-# Two stages: a Rust build stage whose dependency layer is cached apart from
-# the project's own code, and a distroless runtime with nothing in it but the
-# binary, the C runtime it links against, and CA certificates; it runs as the
-# non-root user 65532.
+# Three stages: a Rust build stage whose dependency layer is cached apart from
+# the project's own code; `debuginfo`, the binary's line tables alone, to
+# symbolize a backtrace later; and a distroless runtime with nothing in it but
+# the binary (symbols kept, line tables split off), the C runtime it links
+# against, and CA certificates; it runs as the non-root user 65532.
 #
 # Works with the classic builder and with BuildKit alike: the dependency layer
 # is built from the manifests and empty stand-in sources, so it is rebuilt only
@@ -30,29 +31,49 @@ ENV CARGO_TERM_COLOR=never \
 # 1. Dependencies only: the workspace's manifests and empty targets.
 COPY Cargo.toml Cargo.lock ./
 COPY lifecycle/Cargo.toml lifecycle/Cargo.toml
+COPY handoff/Cargo.toml handoff/Cargo.toml
 COPY writebehind/Cargo.toml writebehind/Cargo.toml
 COPY load/Cargo.toml load/Cargo.toml
-RUN mkdir -p src lifecycle/src writebehind/src load/src \
+RUN mkdir -p src lifecycle/src handoff/src writebehind/src load/src \
     && printf '//! Stand-in.\nfn main() {}\n' > src/main.rs \
     && printf '//! Stand-in.\n' > src/lib.rs \
     && printf '//! Stand-in.\n' > lifecycle/src/lib.rs \
+    && printf '//! Stand-in.\n' > handoff/src/lib.rs \
     && printf '//! Stand-in.\n' > writebehind/src/lib.rs \
     && printf 'fn main() {}\n' > load/src/main.rs \
     && cargo build --release --locked -p lameduck \
-    && cargo clean --release --locked -p lameduck -p lameduck-lifecycle -p lameduck-writebehind \
-    && rm -rf src lifecycle/src writebehind/src
+    && cargo clean --release --locked -p lameduck -p lameduck-lifecycle -p lameduck-handoff -p lameduck-writebehind \
+    && rm -rf src lifecycle/src handoff/src writebehind/src
 
 # 2. The project itself (sqlx embeds migrations/ at compile time).
 COPY migrations migrations
 COPY lifecycle lifecycle
+COPY handoff handoff
 COPY writebehind writebehind
 COPY src src
 # COPY keeps the files' times, which may be older than the stand-ins built
 # above: touch them so cargo cannot mistake them for already built.
-RUN find src lifecycle writebehind migrations -type f -exec touch {} + \
+# 3. The line tables (`debug = "line-tables-only"`, about 90 MB of the
+#    binary) go to lameduck.debug, an artifact of their own (the `debuginfo`
+#    stage below); the binary keeps its symbol table, so a panic's backtrace
+#    in the container still names its functions, and a `.gnu_debuglink` to
+#    the artifact, so that the backtrace can be given its files and lines
+#    later (docs/deployment.md).
+RUN find src lifecycle handoff writebehind migrations -type f -exec touch {} + \
     && cargo build --release --locked -p lameduck --bin lameduck \
-    && install -D -m 0755 target/release/lameduck /out/lameduck \
-    && mkdir -p /out/data /out/spill
+    && mkdir -p /out/data /out/spill \
+    && objcopy --only-keep-debug target/release/lameduck /out/lameduck.debug \
+    && objcopy --strip-debug --add-gnu-debuglink=/out/lameduck.debug \
+        target/release/lameduck /out/lameduck \
+    && chmod 0755 /out/lameduck && chmod 0644 /out/lameduck.debug
+
+# --- debuginfo ----------------------------------------------------------------
+# The line tables alone, to keep with the image they belong to:
+#   docker build --target debuginfo --output type=local,dest=debuginfo .
+# (BuildKit; with the classic builder: build it with --tag, then
+# `docker create` it and `docker cp` /lameduck.debug out).
+FROM scratch AS debuginfo
+COPY --from=build /out/lameduck.debug /lameduck.debug
 
 # --- runtime ------------------------------------------------------------------
 FROM ${RUNTIME_IMAGE}

@@ -10,11 +10,11 @@ use axum::Router;
 use prometheus_client::registry::Registry;
 
 use crate::config::ServerConfig;
+use crate::handoff::{Inherited, Listeners};
 use crate::http::lifecycle_metrics::LifecycleCollector;
 use crate::http::{
     self, AppState, GuardMetrics, HttpMetrics, ReadinessPolicy, Startup, StateParts,
 };
-use crate::lifecycle::handoff::{Inherited, Listeners};
 use crate::lifecycle::{
     self, DrainReport, Lifecycle, StopReport, ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE,
 };

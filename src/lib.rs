@@ -22,8 +22,10 @@
 //! # Layout
 //! - [`lifecycle`]: the `lameduck-lifecycle` crate (`lifecycle/`), owner of
 //!   the timeline: signals, the accept loop and its connection deadlines,
-//!   the per-request scope, workers and finalizers, the admin socket,
-//!   socket handoff. Domain-blind: depend on it unchanged.
+//!   the per-request scope, workers and finalizers, the admin socket.
+//!   Domain-blind: depend on it unchanged.
+//! - [`handoff`]: the `lameduck-handoff` crate (`handoff/`): socket
+//!   activation, systemd's notifications, the in-place upgrade.
 //! - [`app`]: wires the domain to the lifecycle.
 //! - [`config`]: command line and environment.
 //! - [`http`]: router, health, readiness, metrics.
@@ -60,5 +62,7 @@ pub const NAME: &str = env!("CARGO_PKG_NAME");
 /// The service's crate name (the package name with `_` for `-`): the
 /// prefix of its metrics and of its log targets.
 pub const CRATE_NAME: &str = env!("CARGO_CRATE_NAME");
+/// The handoff crate: restarts without a closed socket.
+pub use lameduck_handoff as handoff;
 /// The lifecycle crate, under the name the service has always used for it.
 pub use lameduck_lifecycle as lifecycle;

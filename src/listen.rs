@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio_util::either::Either;
 
-use crate::lifecycle::handoff::Inherited;
+use crate::handoff::Inherited;
 use crate::lifecycle::Listener;
 use crate::tls::{Handshake, TlsAcceptor};
 

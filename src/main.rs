@@ -10,7 +10,7 @@ use lameduck::config::{Cli, Command, ServerConfig};
 use lameduck::exit::Exit;
 use std::path::Path;
 
-use lameduck::lifecycle::handoff::{self, Successor};
+use lameduck::handoff::{self, Handoff, Successor};
 use lameduck::lifecycle::{error_chain, Lifecycle, LOG_TARGET};
 use lameduck::telemetry::traces::{self, Traces};
 use lameduck::{healthcheck, telemetry, App, NAME};
@@ -129,8 +129,8 @@ async fn server(
             return Exit::Startup;
         }
     };
-    let mut lifecycle = match Successor::current().and_then(|s| lifecycle.with_upgrade(s)) {
-        Ok(lifecycle) => lifecycle,
+    let mut lifecycle = match Successor::current().and_then(|s| Handoff::new().with_upgrade(s)) {
+        Ok(handoff) => lifecycle.with_handover(handoff),
         Err(error) => {
             tracing::error!(%error, "in-place upgrade unavailable (SIGHUP handler or own binary)");
             return Exit::Startup;

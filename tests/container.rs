@@ -2,8 +2,11 @@
 //!
 //! 1. `scripts/docker-base-images.sh` makes local stand-ins for the base
 //!    images (no registry is reachable from the test machines), then the
-//!    unmodified Dockerfile is built; the image's size and build time are
-//!    printed.
+//!    unmodified Dockerfile is built; its build time is printed. The image
+//!    weighs at most 50 MB, and a panic in it (tokio's runtime builder,
+//!    refusing `TOKIO_WORKER_THREADS=0`) prints a backtrace naming the
+//!    service's functions; given the line tables from the `debuginfo`
+//!    stage, next to the binary, the same backtrace names files and lines.
 //! 2. One container: `/healthz` answers on the published port, Docker's
 //!    HEALTHCHECK (`lameduck healthcheck`) turns it healthy, it runs as a
 //!    non-root user, and `docker stop` in the middle of a slowly uploaded
@@ -29,6 +32,7 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Command as StdCommand, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -43,6 +47,11 @@ use tokio::sync::OnceCell;
 const IMAGE: &str = "lameduck:container-test";
 /// The Dockerfile's build stage, tagged to keep it cached between runs.
 const BUILD_STAGE_IMAGE: &str = "lameduck:container-test-build";
+/// The Dockerfile's `debuginfo` stage: the binary's line tables alone.
+const DEBUGINFO_IMAGE: &str = "lameduck:container-test-debuginfo";
+/// The most the image may weigh: every deploy pulls it, every in-place
+/// upgrade runs it.
+const IMAGE_SIZE_LIMIT: u64 = 50_000_000;
 /// The load balancer image `scripts/docker-base-images.sh haproxy` makes.
 const HAPROXY_IMAGE: &str = "stand-in/haproxy:bookworm";
 /// The port the image's server listens on (its `EXPOSE`).
@@ -341,12 +350,16 @@ async fn build_image() -> Result<(), String> {
     // The build stage is tagged too, so that it (and the dependency layer
     // under it) stays cached, and what a previous run built can be removed
     // instead of piling up as untagged images.
-    let previous: Vec<String> = [IMAGE, BUILD_STAGE_IMAGE]
+    let previous: Vec<String> = [IMAGE, BUILD_STAGE_IMAGE, DEBUGINFO_IMAGE]
         .iter()
         .filter_map(|image| image_id(image))
         .collect();
     let start = Instant::now();
-    for (target, tag) in [("build", BUILD_STAGE_IMAGE), ("", IMAGE)] {
+    for (target, tag) in [
+        ("build", BUILD_STAGE_IMAGE),
+        ("debuginfo", DEBUGINFO_IMAGE),
+        ("", IMAGE),
+    ] {
         let mut args = vec!["build", "--tag", tag, "--file", "Dockerfile"];
         if !target.is_empty() {
             args.extend(["--target", target]);
@@ -375,7 +388,7 @@ async fn build_image() -> Result<(), String> {
         }
     }
     let took = start.elapsed();
-    let current: Vec<String> = [IMAGE, BUILD_STAGE_IMAGE]
+    let current: Vec<String> = [IMAGE, BUILD_STAGE_IMAGE, DEBUGINFO_IMAGE]
         .iter()
         .filter_map(|image| image_id(image))
         .collect();
@@ -393,6 +406,46 @@ async fn build_image() -> Result<(), String> {
         size as f64 / 1_000_000.0
     );
     Ok(())
+}
+
+/// A panic's backtrace, from the image's binary run as the image runs it:
+/// `TOKIO_WORKER_THREADS=0` makes tokio's runtime builder panic in `main`,
+/// before anything else starts. `debuginfo`, a directory holding
+/// `lameduck.debug`, is mounted next to the binary, where its
+/// `.gnu_debuglink` is looked for.
+async fn panic_backtrace(resources: &Resources, debuginfo: Option<&Path>) -> String {
+    let name = resources.container(&unique(if debuginfo.is_some() {
+        "backtrace-lines"
+    } else {
+        "backtrace"
+    }));
+    let mut args = vec![
+        "run".to_owned(),
+        "--name".to_owned(),
+        name.clone(),
+        "--env".to_owned(),
+        "TOKIO_WORKER_THREADS=0".to_owned(),
+        "--env".to_owned(),
+        "RUST_BACKTRACE=1".to_owned(),
+    ];
+    if let Some(dir) = debuginfo {
+        let file = dir.join("lameduck.debug");
+        args.extend([
+            "--volume".to_owned(),
+            format!("{}:/usr/local/bin/lameduck.debug:ro", file.display()),
+        ]);
+    }
+    args.extend([IMAGE.to_owned(), "server".to_owned()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let outcome = try_docker(&args).await;
+    let Err(message) = outcome else {
+        panic!("the server started with TOKIO_WORKER_THREADS=0; it should have panicked");
+    };
+    assert!(
+        message.contains("(exit status: 101)"),
+        "not a panic's exit status: {message}"
+    );
+    container_logs(&name).await
 }
 
 // --- HTTP --------------------------------------------------------------------
@@ -430,6 +483,53 @@ async fn status_of(client: &reqwest::Client, url: &str) -> Option<u16> {
 }
 
 // --- 1: one container ----------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_is_small_and_a_panic_in_it_is_named_then_placed_by_its_line_tables() {
+    let Some(_turn) = take_turn().await else {
+        return;
+    };
+    let size: u64 = docker(&["image", "inspect", "--format", "{{.Size}}", IMAGE])
+        .await
+        .parse()
+        .expect("image size");
+    println!("{IMAGE}: {:.1} MB", size as f64 / 1e6);
+    assert!(
+        size <= IMAGE_SIZE_LIMIT,
+        "the image is {size} bytes, over {IMAGE_SIZE_LIMIT}"
+    );
+
+    // The symbol table stayed: the backtrace names the service's functions.
+    let resources = Resources::default();
+    let backtrace = panic_backtrace(&resources, None).await;
+    assert!(
+        backtrace.contains("cannot be set to 0") && backtrace.contains("stack backtrace:"),
+        "no panic with a backtrace:\n{backtrace}"
+    );
+    assert!(
+        backtrace.contains("lameduck::main"),
+        "the backtrace does not name the service's main:\n{backtrace}"
+    );
+    assert!(
+        !backtrace.contains("src/main.rs:"),
+        "the image still carries line tables:\n{backtrace}"
+    );
+
+    // The line tables went to the `debuginfo` stage; given back, next to
+    // the binary, they place each frame in its file and line.
+    let stage = resources.container(&unique("debuginfo"));
+    docker(&["create", "--name", &stage, DEBUGINFO_IMAGE, "/none"]).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let to = dir.path().display().to_string();
+    docker(&["cp", &format!("{stage}:/lameduck.debug"), &to]).await;
+    let debuginfo = std::fs::metadata(dir.path().join("lameduck.debug")).expect("lameduck.debug");
+    println!("line tables: {:.1} MB", debuginfo.len() as f64 / 1e6);
+    let placed = panic_backtrace(&resources, Some(dir.path())).await;
+    assert!(
+        placed.contains("src/main.rs:"),
+        "with its line tables, the backtrace does not place main in src/main.rs:\n{placed}"
+    );
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn container_is_healthy_non_root_and_drains_on_docker_stop() {

@@ -1,6 +1,6 @@
 //! Restarts that never close the socket, tested against the real binary:
 //! socket activation (`LISTEN_FDS`) and the in-place upgrade on SIGHUP
-//! (`lifecycle/src/handoff/`).
+//! (`handoff/src/`).
 //!
 //! The processes here are started as a bare [`Process`] rather than a
 //! `LameduckProcess`: they need a listening socket mapped to fd 3, a binary

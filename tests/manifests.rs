@@ -1124,10 +1124,15 @@ mod links {
 
     /// The files whose links are checked, the README first.
     fn documentation(root: &Path) -> Vec<PathBuf> {
-        let mut files: Vec<PathBuf> = ["README.md", "lifecycle/README.md", "writebehind/README.md"]
-            .iter()
-            .map(|file| root.join(file))
-            .collect();
+        let mut files: Vec<PathBuf> = [
+            "README.md",
+            "lifecycle/README.md",
+            "handoff/README.md",
+            "writebehind/README.md",
+        ]
+        .iter()
+        .map(|file| root.join(file))
+        .collect();
         for dir in ["docs", "load", "load/results"] {
             let mut found: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
                 .unwrap_or_else(|e| panic!("read {dir}/: {e}"))
@@ -1152,12 +1157,13 @@ mod links {
 
     /// Where a path of the minimal service is in this repository:
     /// `template/variant.rhai` moves `template/minimal/` to the top, next to
-    /// the lifecycle and write-behind crates and `Cargo.lock`, and brings the
+    /// the lifecycle, handoff and write-behind crates and `Cargo.lock`, and brings the
     /// full example's traces and its exporter of the lifecycle's metrics
     /// along.
     fn in_minimal_service(root: &Path, path: &str) -> PathBuf {
-        const CARRIED: [(&str, &str); 5] = [
+        const CARRIED: [(&str, &str); 6] = [
             ("lifecycle", "lifecycle"),
+            ("handoff", "handoff"),
             ("writebehind", "writebehind"),
             ("Cargo.lock", "Cargo.lock"),
             ("src/telemetry/traces", "src/telemetry/traces"),

@@ -3,7 +3,7 @@
 mod admin;
 mod config;
 mod connection;
-pub mod handoff;
+mod handover;
 mod listener;
 pub mod metrics;
 mod request;
@@ -20,6 +20,7 @@ pub use admin::ADMIN_CLOSE_GRACE;
 pub use config::{
     DrainSpread, ServeConfig, ACCEPT_ERROR_BACKOFF, FIRST_REQUEST_GRACE, GOAWAY_GRACE, SETTLE,
 };
+pub use handover::Handover;
 pub use listener::Listener;
 pub use metrics::LifecycleMetrics;
 #[cfg(feature = "axum")]

@@ -1,6 +1,6 @@
 //! [`Lifecycle`]: the one owner of the whole timeline. Signals → lame duck
 //! → stop accepting → drain → deadline → workers → finalizers, with the
-//! in-place upgrade handing the sockets over on the way.
+//! [`Handover`] (a service manager, an in-place upgrade) told on the way.
 
 use std::future::Future;
 use std::io;
@@ -10,27 +10,34 @@ use std::pin::Pin;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
-use tracing::warn;
 
 use crate::admin::{serve_admin, ADMIN_CLOSE_GRACE};
-use crate::handoff::{self, Successor};
 use crate::task::HttpService;
 use crate::{
-    serve, DrainOutcome, DrainReport, Force, Listener, Phase, ServeConfig, Shutdown, StopReport,
-    Trigger, Watch, Workers,
+    serve, DrainOutcome, DrainReport, Force, Handover, Listener, Phase, ServeConfig, Shutdown,
+    StopReport, Trigger, Watch, Workers,
 };
 
 /// The process lifecycle: owns the shutdown timeline, the workers and
-/// finalizers, and (once asked) the signals and the in-place upgrade.
+/// finalizers, and (once asked) the signals and a [`Handover`].
 ///
 /// Build it first, hand its [`Watch`] to readiness and its
 /// [`Workers`] your background work, then [`serve`](Lifecycle::serve).
-#[derive(Debug)]
 #[must_use = "a lifecycle does nothing until it serves"]
 pub struct Lifecycle {
     shutdown: Shutdown,
     workers: Workers,
-    upgrade: Option<(Signal, Successor)>,
+    handover: Option<Box<dyn Handover>>,
+}
+
+impl std::fmt::Debug for Lifecycle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lifecycle")
+            .field("shutdown", &self.shutdown)
+            .field("workers", &self.workers)
+            .field("handover", &self.handover.is_some())
+            .finish()
+    }
 }
 
 /// How a run ended, for the application to turn into an exit code.
@@ -73,7 +80,7 @@ impl Lifecycle {
         Lifecycle {
             shutdown,
             workers,
-            upgrade: None,
+            handover: None,
         }
     }
 
@@ -98,15 +105,12 @@ impl Lifecycle {
         Ok(self)
     }
 
-    /// Upgrades in place on SIGHUP: starts `successor` with the listening
-    /// sockets (see [`handoff`]) and, once it is ready, drains and exits.
-    /// Installs the SIGHUP handler now.
-    ///
-    /// # Errors
-    /// If the OS refuses the handler.
-    pub fn with_upgrade(mut self, successor: Successor) -> io::Result<Lifecycle> {
-        self.upgrade = Some((signal(SignalKind::hangup())?, successor));
-        Ok(self)
+    /// Tells `handover` when serving starts and when the process may exit:
+    /// a service manager's notifications and the in-place upgrade
+    /// (`lameduck-handoff`'s `Handoff`), or a handover of your own.
+    pub fn with_handover(mut self, handover: impl Handover) -> Lifecycle {
+        self.handover = Some(Box::new(handover));
+        self
     }
 
     /// A handle that can only watch the timeline: readiness, request code.
@@ -194,29 +198,17 @@ impl<L: Listener, S: HttpService> Serve<L, S> {
     /// finalizers (force hooks if forced), and closes the admin socket.
     pub async fn run(self) -> Report {
         let shutdown = self.lifecycle.shutdown;
-        let watch = shutdown.watch().clone();
+        let mut handover = self.lifecycle.handover;
         let (admin, admin_fd) = self.admin.unzip();
-        let mut upgrading = None;
-        if let Some(upgrade) = self.lifecycle.upgrade {
+        let upgrading = handover.as_mut().map(|handover| {
             let mut fds = vec![self.listener.as_fd().try_clone_to_owned()];
             fds.extend(admin_fd);
-            match fds.into_iter().collect() {
-                Ok(fds) => {
-                    let trigger = shutdown.trigger_handle();
-                    upgrading = Some(AbortOnDropHandle::new(tokio::spawn(
-                        handoff::upgrade_on_hangup(upgrade, fds, watch.clone(), trigger),
-                    )));
-                }
-                Err(error) => warn!(%error, "in-place upgrade unavailable"),
-            }
-        }
-        tokio::spawn(async move {
-            watch.triggered().await;
-            handoff::notify_stopping();
+            let sockets = fds.into_iter().collect();
+            let trigger = shutdown.trigger_handle();
+            let beside = handover.serving(sockets, shutdown.watch(), trigger);
+            AbortOnDropHandle::new(tokio::spawn(beside))
         });
         let admin = admin.map(|task| AbortOnDropHandle::new(tokio::spawn(task)));
-        let predecessor = tokio::spawn(handoff::predecessor_gone());
-        handoff::notify_ready();
 
         let drain = serve(self.listener, self.service, &shutdown, self.config).await;
         // Done by now unless a signal came in the middle of an upgrade.
@@ -232,10 +224,8 @@ impl<L: Listener, S: HttpService> Serve<L, S> {
         if let Some(admin) = admin.filter(|_| !stop.forced) {
             let _ = tokio::time::timeout(ADMIN_CLOSE_GRACE, admin).await;
         }
-        // A successor's predecessor may still drain; a service manager that
-        // sees this process gone would stop it mid-drain.
-        if !stop.forced {
-            handoff::wait_for_predecessor(predecessor).await;
+        if let Some(handover) = handover.as_mut().filter(|_| !stop.forced) {
+            handover.exiting().await;
         }
         Report {
             drain,

@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
-use lameduck_lifecycle::handoff::{Inherited, Listeners};
+use lameduck_handoff::{Inherited, Listeners};
 use lameduck_lifecycle::{Lifecycle, Report, LOG_TARGET};
 use lameduck_lifecycle::{ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE};
 use lameduck_writebehind::{OpenError, ReplayError};

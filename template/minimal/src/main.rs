@@ -33,7 +33,7 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 use clap::Parser;
 
-use lameduck_lifecycle::handoff::{self, Successor};
+use lameduck_handoff::{self as handoff, Handoff, Successor};
 use lameduck_lifecycle::{error_chain, Lifecycle, Report, LOG_TARGET};
 
 use crate::app::App;
@@ -144,8 +144,8 @@ async fn server(
             return Exit::Startup;
         }
     };
-    let mut lifecycle = match Successor::current().and_then(|s| lifecycle.with_upgrade(s)) {
-        Ok(lifecycle) => lifecycle,
+    let mut lifecycle = match Successor::current().and_then(|s| Handoff::new().with_upgrade(s)) {
+        Ok(handoff) => lifecycle.with_handover(handoff),
         Err(error) => {
             tracing::error!(%error, "in-place upgrade unavailable (SIGHUP handler or own binary)");
             return Exit::Startup;

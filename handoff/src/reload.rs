@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::{detach, UPGRADE_READY_TIMEOUT};
+use crate::{detach, UPGRADE_READY_TIMEOUT};
 
 /// How long [`reload`] waits for the outcome by default: the successor's
 /// own readiness timeout, and time for the old process to report.

@@ -18,7 +18,7 @@ use nix::errno::Errno;
 use nix::sys::signal::{kill as send, Signal};
 use nix::unistd::Pid;
 
-use super::{HANDOFF_DETACH, HANDOFF_NOTIFY_SOCKET};
+use crate::{HANDOFF_DETACH, HANDOFF_NOTIFY_SOCKET};
 
 /// How often a successor that is not this process's child is looked at:
 /// whether it still runs (no `wait` tells), and a predecessor likewise.

@@ -1,34 +1,4 @@
-//! Restarts without a closed socket: socket activation and in-place upgrade.
-//!
-//! - **Socket activation.** Started with `LISTEN_FDS` (systemd, or
-//!   `systemfd` in development), the server serves the inherited listener
-//!   instead of binding: connections queue in the kernel while the process
-//!   restarts, instead of being refused.
-//! - **In-place upgrade.** On SIGHUP the running process starts a new copy
-//!   of its binary, passing the listening sockets down as fds 3 and 4 (the
-//!   same `LISTEN_FDS` protocol) and waiting for its `READY=1` on a private
-//!   socket (the `sd_notify` protocol). Both accept from the one socket
-//!   meanwhile, so nothing queued on it is lost; once the successor is
-//!   ready the old process goes through a lame-duck period of at least
-//!   [`UPGRADE_LAME_DUCK`], drains and exits. If the successor exits or is
-//!   not ready within [`UPGRADE_READY_TIMEOUT`], it is killed and the old
-//!   process keeps serving.
-//! - **Under a service manager** (systemd: `NOTIFY_SOCKET` is set), the
-//!   upgrade hands the unit over too. The old process tells the manager it
-//!   is reloading (`RELOADING=1`, `MONOTONIC_USEC=`); starts the successor
-//!   detached ([`detach`]: through a short-lived copy of itself, so that
-//!   the successor is the manager's child, not the old process's); and once
-//!   the successor is ready tells the manager `MAINPID=<successor>` and
-//!   `READY=1` in one message — or, if it failed, `READY=1` and a `STATUS=`
-//!   that says so, and serves on. That is what `Type=notify-reload` units
-//!   (systemd 253 and later) expect of a SIGHUP. A `Type=notify` unit's
-//!   `ExecReload=` runs [`reload::reload`], which sends the SIGHUP and waits
-//!   for the outcome the old process also writes in the unit's runtime
-//!   directory, so that `systemctl reload` returns when the successor
-//!   serves and fails when it does not. At its own shutdown a
-//!   successor waits for its predecessor to finish draining, so that the
-//!   manager, which stops the unit once its main process has exited, does
-//!   not kill a predecessor mid-drain.
+#![doc = include_str!("../README.md")]
 
 mod detach;
 pub mod reload;
@@ -44,11 +14,14 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use command_fds::{CommandFdExt, FdMapping};
+use futures_util::future::BoxFuture;
+use lameduck_lifecycle::{Handover, Trigger, Watch, LOG_TARGET};
 use sd_notify::NotifyState;
 use tokio::net::UnixDatagram;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::{Trigger, Watch, LOG_TARGET};
 pub use detach::detach;
 
 /// How long a successor may take to report ready (startup includes
@@ -96,13 +69,13 @@ static SOCKETS_OWNED: AtomicBool = AtomicBool::new(true);
 
 /// What this process learned at startup of its place in a handoff; set by
 /// [`inherited_listeners`].
-static HANDOFF: OnceLock<Handoff> = OnceLock::new();
+static HANDOFF: OnceLock<Place> = OnceLock::new();
 
 /// Upgrades attempted, for the manager's `STATUS=` (each says which).
 static ATTEMPTS: AtomicU32 = AtomicU32::new(0);
 
 #[derive(Debug, Default)]
-struct Handoff {
+struct Place {
     /// The predecessor's private socket, if an upgrade started this process.
     predecessor_socket: Option<PathBuf>,
     /// The predecessor's pid, likewise.
@@ -111,8 +84,92 @@ struct Handoff {
     supervised: bool,
 }
 
-fn handoff() -> &'static Handoff {
-    HANDOFF.get_or_init(Handoff::default)
+fn handoff() -> &'static Place {
+    HANDOFF.get_or_init(Place::default)
+}
+
+/// The lifecycle's [`Handover`] to a service manager and to the processes
+/// of an in-place upgrade; give it to
+/// [`Lifecycle::with_handover`](lameduck_lifecycle::Lifecycle::with_handover).
+///
+/// - **Serving starts:** `READY=1` to the predecessor that started this
+///   process in an upgrade, or else to the service manager (if
+///   `NOTIFY_SOCKET` is set).
+/// - **The shutdown starts:** `STOPPING=1` to the service manager.
+/// - **SIGHUP** ([`with_upgrade`](Handoff::with_upgrade)): the in-place
+///   upgrade, until the shutdown starts.
+/// - **At exit** (not forced): a successor waits, at most
+///   [`PREDECESSOR_WAIT`], for the predecessor it replaced to finish
+///   draining.
+#[derive(Debug, Default)]
+pub struct Handoff {
+    upgrade: Option<(Signal, Successor)>,
+    predecessor: Option<JoinHandle<()>>,
+}
+
+impl Handoff {
+    /// Notifications and the wait for a predecessor; no upgrade.
+    pub fn new() -> Handoff {
+        Handoff::default()
+    }
+
+    /// Upgrades in place on SIGHUP: starts `successor` with the listening
+    /// sockets and, once it is ready, triggers this process's shutdown.
+    /// Installs the SIGHUP handler now (a SIGHUP before serving starts is
+    /// kept, not fatal). Needs a runtime.
+    ///
+    /// # Errors
+    /// If the OS refuses the handler.
+    pub fn with_upgrade(mut self, successor: Successor) -> io::Result<Handoff> {
+        self.upgrade = Some((signal(SignalKind::hangup())?, successor));
+        Ok(self)
+    }
+}
+
+impl Handover for Handoff {
+    fn serving(
+        &mut self,
+        sockets: io::Result<Vec<OwnedFd>>,
+        watch: &Watch,
+        trigger: Trigger,
+    ) -> BoxFuture<'static, Option<u32>> {
+        let upgrade = match (self.upgrade.take(), sockets) {
+            (Some(upgrade), Ok(sockets)) => {
+                Some(upgrade_on_hangup(upgrade, sockets, watch.clone(), trigger))
+            }
+            (Some(_), Err(error)) => {
+                warn!(target: LOG_TARGET, %error, "in-place upgrade unavailable");
+                None
+            }
+            (None, _) => None,
+        };
+        let stopping = watch.clone();
+        tokio::spawn(async move {
+            stopping.triggered().await;
+            notify_stopping();
+        });
+        self.predecessor = Some(tokio::spawn(predecessor_gone()));
+        notify_ready();
+        let watch = watch.clone();
+        Box::pin(async move {
+            match upgrade {
+                Some(upgrade) => upgrade.await,
+                None => {
+                    watch.triggered().await;
+                    None
+                }
+            }
+        })
+    }
+
+    fn exiting(&mut self) -> BoxFuture<'static, ()> {
+        let gone = self.predecessor.take();
+        Box::pin(async move {
+            if let Some(gone) = gone {
+                wait_for_predecessor(gone).await;
+            }
+        })
+    }
 }
 
 /// The listening sockets of one process: the public one, and the admin one
@@ -187,7 +244,7 @@ fn take_handoff_environment() {
         std::env::remove_var("NOTIFY_SOCKET");
     }
     let supervised = std::env::var_os("NOTIFY_SOCKET").is_some();
-    let _ = HANDOFF.set(Handoff {
+    let _ = HANDOFF.set(Place {
         predecessor_socket,
         predecessor,
         supervised,
@@ -198,7 +255,7 @@ fn take_handoff_environment() {
 /// an in-place upgrade (which tells the service manager, if any, once it
 /// has handed over), or else the service manager: `READY=1` on
 /// `NOTIFY_SOCKET`, if set.
-pub fn notify_ready() {
+fn notify_ready() {
     let sent = match &handoff().predecessor_socket {
         Some(path) => std::os::unix::net::UnixDatagram::unbound()
             .and_then(|socket| socket.send_to(b"READY=1\n", path))
@@ -211,7 +268,7 @@ pub fn notify_ready() {
 }
 
 /// Tells the service manager that the server is stopping.
-pub fn notify_stopping() {
+fn notify_stopping() {
     tell_manager(&[NotifyState::Stopping]);
 }
 
@@ -228,7 +285,7 @@ fn tell_manager(states: &[NotifyState<'_>]) {
 /// upgrade) has exited; at once in any other process. Spawned when the
 /// process starts serving, it looks only while the predecessor lives, so a
 /// pid reused long after cannot hold it.
-pub(crate) async fn predecessor_gone() {
+async fn predecessor_gone() {
     if let Some(pid) = handoff().predecessor {
         detach::exited(pid).await;
     }
@@ -238,7 +295,7 @@ pub(crate) async fn predecessor_gone() {
 /// [`predecessor_gone`] task) at most [`PREDECESSOR_WAIT`]: a service
 /// manager that sees its main process exit stops what is left of the unit,
 /// and the predecessor may still be draining.
-pub(crate) async fn wait_for_predecessor(gone: tokio::task::JoinHandle<()>) {
+async fn wait_for_predecessor(gone: JoinHandle<()>) {
     if gone.is_finished() {
         return;
     }
@@ -278,8 +335,8 @@ impl Successor {
 /// reported to the service manager) and the process keeps serving. The
 /// sockets are closed when this returns, so that a normal shutdown still
 /// refuses new connections once its own listeners close.
-pub(crate) async fn upgrade_on_hangup(
-    (mut hangups, successor): (tokio::signal::unix::Signal, Successor),
+async fn upgrade_on_hangup(
+    (mut hangups, successor): (Signal, Successor),
     sockets: Vec<OwnedFd>,
     watch: Watch,
     trigger: Trigger,

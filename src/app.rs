@@ -10,22 +10,21 @@ use axum::Router;
 use prometheus_client::registry::Registry;
 
 use crate::config::ServerConfig;
-use crate::handoff::{Inherited, Listeners};
-use crate::http::lifecycle_metrics::LifecycleCollector;
+use crate::handoff::Listeners;
 use crate::http::{
     self, AppState, GuardMetrics, HttpMetrics, ReadinessPolicy, Startup, StateParts,
 };
-use crate::lifecycle::{
-    self, DrainReport, Lifecycle, StopReport, ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE,
-};
+use crate::lifecycle::{self, Lifecycle, Report, ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE};
 use crate::links::cache::LinkCache;
 use crate::links::hits::{self, HitCounter, HitSink};
 use crate::links::live::LiveHits;
-use crate::listen::{self, ListenAddr, PublicListener, Socket};
+use crate::listen::{PublicListener, Socket};
 use crate::storage::{self, Storage, StorageError, StorageMetrics};
 use crate::telemetry::traces::TRACE_FLUSH_BUDGET;
 use crate::tls::reload::{run_reloader, RELOAD_POLL_INTERVAL};
 use crate::tls::{self as tls, CertStore, TlsAcceptor, TlsError, TlsMetrics};
+use lameduck_service::listen::{BindError, Listening, SocketFiles};
+use lameduck_service::metrics::LifecycleCollector;
 use lameduck_writebehind::{OpenError, ReplayError};
 
 /// How long the hit flusher may take to stop after its token fires.
@@ -59,7 +58,8 @@ pub fn shutdown_budget(config: &ServerConfig) -> Duration {
     } else {
         Duration::ZERO
     };
-    config.drain_delay + config.shutdown_timeout + DEADLINE_CLEANUP_GRACE + FINALIZE_BUDGET + traces
+    let serve = &config.serve;
+    serve.drain_delay + serve.shutdown_timeout + DEADLINE_CLEANUP_GRACE + FINALIZE_BUDGET + traces
 }
 
 /// Why the service could not start.
@@ -75,14 +75,8 @@ pub enum StartupError {
     #[error(transparent)]
     SpillDir(#[from] OpenError),
     /// The listen address could not be bound.
-    #[error("cannot listen on {addr}")]
-    Bind {
-        /// The address.
-        addr: ListenAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] BindError),
     /// The TLS certificate or key is unusable (a configuration error: exit 2).
     #[error(transparent)]
     Tls(#[from] TlsError),
@@ -101,22 +95,6 @@ pub struct AppParts {
     pub lifecycle: Lifecycle,
 }
 
-/// How a run ended: the drain, then workers and finalizers, and where the
-/// in-memory state went.
-#[derive(Debug)]
-pub struct RunReport {
-    /// What the request drain did.
-    pub drain: DrainReport,
-    /// What stopping workers and running finalizers did.
-    pub stop: StopReport,
-    /// Hits this process wrote to the database.
-    pub flushed_hits: u64,
-    /// Hits written to a spill file instead of the database.
-    pub spilled_hits: u64,
-    /// Hits written nowhere: the spill file could not be written.
-    pub lost_hits: u64,
-}
-
 /// A built service: database open, spilled state recovered, listener bound,
 /// workers running, router ready.
 #[derive(Debug)]
@@ -126,7 +104,7 @@ pub struct App {
     admin_listener: Socket,
     /// Unix socket files this process owns: removed at exit, unless handed
     /// to a successor.
-    socket_files: Vec<std::path::PathBuf>,
+    socket_files: SocketFiles,
     admin_router: Router,
     lifecycle: Lifecycle,
     storage: Storage,
@@ -206,24 +184,12 @@ impl App {
             }
             None => None,
         };
-        let owns_inherited = inherited.owned;
-        let mut socket_files = Vec::new();
-        let bind = |addr: &ListenAddr, inherited: Option<Inherited>| {
-            let owned = inherited.is_none() || owns_inherited;
-            let mode = config.unix_socket_mode;
-            let addr = addr.clone();
-            async move {
-                let bound = listen::bind(&addr, inherited, mode).await;
-                bound
-                    .map_err(|source| StartupError::Bind { addr, source })
-                    .map(|socket| (socket, owned))
-            }
-        };
-        let (socket, owned) = bind(&config.listen, inherited.public).await?;
-        socket_files.extend(socket.unix_path().filter(|_| owned));
+        let Listening {
+            public: socket,
+            admin: admin_listener,
+            files: socket_files,
+        } = Listening::bind(&config.serve, inherited).await?;
         let listener = PublicListener::new(socket, tls);
-        let (admin_listener, owned) = bind(&config.admin_listen, inherited.admin).await?;
-        socket_files.extend(admin_listener.unix_path().filter(|_| owned));
 
         let workers = lifecycle.workers();
         // Finalizers run last-registered first: the pool closes after the
@@ -334,30 +300,16 @@ impl App {
     /// Serves until the shutdown handle is triggered, drains, stops the
     /// workers and runs the finalizers (the final flush, then closing the
     /// pool).
-    pub async fn run(self) -> RunReport {
+    pub async fn run(self) -> Report {
         let report = self
             .lifecycle
             .serve(self.listener, self.router)
-            .config(self.config.serve())
+            .config(self.config.serve.config())
             .admin(self.admin_listener, self.admin_router)
             .run()
             .await;
-        // A successor serves on the same socket files now.
-        if report.upgraded_to.is_none() {
-            for path in &self.socket_files {
-                if let Err(error) = std::fs::remove_file(path) {
-                    tracing::warn!(%error, path = %path.display(), "cannot remove the socket file");
-                }
-            }
-        }
-        let hits = report.stop.kept(hits::NAME).cloned().unwrap_or_default();
-        RunReport {
-            drain: report.drain,
-            stop: report.stop,
-            flushed_hits: hits.flushed,
-            spilled_hits: hits.spilled,
-            lost_hits: hits.lost,
-        }
+        self.socket_files.remove_after(&report);
+        report
     }
 }
 

@@ -26,6 +26,9 @@
 //!   Domain-blind: depend on it unchanged.
 //! - [`handoff`]: the `lameduck-handoff` crate (`handoff/`): socket
 //!   activation, systemd's notifications, the in-place upgrade.
+//! - The `lameduck-service` crate (`service/`): the lifecycle's flags, exit
+//!   codes ([`exit`]), the health probe ([`healthcheck`]), listening
+//!   addresses, the lifecycle's metrics, the pid file.
 //! - [`app`]: wires the domain to the lifecycle.
 //! - [`config`]: command line and environment.
 //! - [`http`]: router, health, readiness, metrics.
@@ -34,16 +37,12 @@
 //! - [`storage`]: the example's database (SQLite or PostgreSQL), and what
 //!   the service knows of its health.
 //! - [`breaker`]: a circuit breaker, for any dependency.
-//! - [`exit`]: outcomes as exit codes. [`telemetry`]: logging, and traces
-//!   over OTLP.
-//!   [`healthcheck`]: the container health probe.
+//! - [`telemetry`]: logging, and traces over OTLP.
 
 pub mod app;
 pub mod breaker;
 pub mod config;
 pub mod error;
-pub mod exit;
-pub mod healthcheck;
 pub mod http;
 pub mod links;
 pub mod listen;
@@ -66,3 +65,7 @@ pub const CRATE_NAME: &str = env!("CARGO_CRATE_NAME");
 pub use lameduck_handoff as handoff;
 /// The lifecycle crate, under the name the service has always used for it.
 pub use lameduck_lifecycle as lifecycle;
+/// Exit codes, from the service crate.
+pub use lameduck_service::exit;
+/// The container health probe, from the service crate.
+pub use lameduck_service::healthcheck;

@@ -5,15 +5,16 @@ use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use clap::Parser;
-use lameduck::app::{RunReport, StartupError};
+use lameduck::app::StartupError;
 use lameduck::config::{Cli, Command, ServerConfig};
 use lameduck::exit::Exit;
-use std::path::Path;
 
 use lameduck::handoff::{self, Handoff, Successor};
-use lameduck::lifecycle::{error_chain, Lifecycle, LOG_TARGET};
+use lameduck::lifecycle::{error_chain, Lifecycle, Report, LOG_TARGET};
+use lameduck::links::hits;
 use lameduck::telemetry::traces::{self, Traces};
 use lameduck::{healthcheck, telemetry, App, NAME};
+use lameduck_service::PidFile;
 
 /// mimalloc instead of the system allocator: a request makes a few dozen
 /// short-lived allocations, and glibc's malloc and free were a third of the
@@ -93,7 +94,7 @@ fn main() -> ExitCode {
             runtime.shutdown_background();
             exit.into()
         }
-        Command::Healthcheck(config) => match healthcheck::probe(&config) {
+        Command::Healthcheck(config) => match healthcheck::probe(&config, NAME) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("{NAME} healthcheck: {}", error_chain(&error));
@@ -139,7 +140,7 @@ async fn server(
     if let Some(traces) = traces {
         flush_traces_last(&mut lifecycle, traces);
     }
-    let pid_file = config.pid_file.clone();
+    let pid_path = config.serve.pid_file.clone();
     let app = match App::build_on(config, lifecycle, inherited).await {
         Ok(app) => app,
         // An unusable certificate or key is a configuration error: one
@@ -153,18 +154,15 @@ async fn server(
             return Exit::Startup;
         }
     };
-    if let Some(path) = &pid_file {
-        if let Err(error) = write_pid_file(path) {
-            tracing::error!(%error, path = %path.display(), "cannot write the pid file");
-            return Exit::Startup;
-        }
-    }
+    let Ok(pid_file) = PidFile::write_if_asked(pid_path.as_deref()) else {
+        return Exit::Startup;
+    };
 
     let report = app.run().await;
-    if let Some(path) = &pid_file {
-        remove_own_pid_file(path);
+    if let Some(pid_file) = pid_file {
+        pid_file.remove();
     }
-    let exit = Exit::from_run(&report);
+    let exit = Exit::from_report(&report);
     summarize(&report, exit);
     exit
 }
@@ -182,25 +180,10 @@ fn flush_traces_last(lifecycle: &mut Lifecycle, traces: Traces) {
     workers.on_force("flush traces", move || traces.flush_now());
 }
 
-/// Writes this process's pid, atomically.
-fn write_pid_file(path: &Path) -> std::io::Result<()> {
-    let temporary = path.with_extension("tmp");
-    std::fs::write(&temporary, format!("{}\n", std::process::id()))?;
-    std::fs::rename(&temporary, path)
-}
-
-/// Removes the pid file, unless a successor has written its own pid there.
-fn remove_own_pid_file(path: &Path) {
-    let ours =
-        std::fs::read_to_string(path).is_ok_and(|pid| pid.trim() == std::process::id().to_string());
-    if ours {
-        let _ = std::fs::remove_file(path);
-    }
-}
-
 /// The one summary line of the whole shutdown.
-fn summarize(run: &RunReport, exit: Exit) {
+fn summarize(run: &Report, exit: Exit) {
     let report = &run.drain;
+    let hits = run.stop.kept(hits::NAME).cloned().unwrap_or_default();
     tracing::info!(
         target: LOG_TARGET,
         reason = report.reason.as_deref().unwrap_or("none"),
@@ -213,9 +196,9 @@ fn summarize(run: &RunReport, exit: Exit) {
         connections_closed_by_client = report.closed_by_client,
         connections_closed_by_server = report.closed_by_server,
         connections_abandoned = report.connections_abandoned,
-        flushed_hits = run.flushed_hits,
-        spilled_hits = run.spilled_hits,
-        lost_hits = run.lost_hits,
+        flushed_hits = hits.flushed,
+        spilled_hits = hits.spilled,
+        lost_hits = hits.lost,
         stopped = %run.stop.summary(),
         exit_code = exit.code(),
         "shutdown complete"

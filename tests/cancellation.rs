@@ -736,7 +736,7 @@ async fn the_deadline_cancels_an_insert_blocked_on_a_lock_and_returns_the_connec
     let admin = admin_pool(&cluster).await;
     let data = TempDir::new().expect("tempdir");
     let mut config = server_config(Some(&cluster.url()), &data, 1);
-    config.shutdown_timeout = Duration::from_millis(500);
+    config.serve.shutdown_timeout = Duration::from_millis(500);
     let lifecycle = Lifecycle::new();
     let trigger = lifecycle.trigger_handle();
     let app = App::build(config, lifecycle).await.expect("app");
@@ -788,7 +788,7 @@ async fn the_deadline_cancels_an_insert_blocked_on_a_lock_and_returns_the_connec
     assert!(!answer.starts_with("HTTP/1.1 201"), "{answer}");
     let report = serving.await.expect("run");
     assert_eq!(report.drain.outcome, DrainOutcome::DeadlineExceeded);
-    assert_eq!(Exit::from_run(&report), Exit::DeadlineExceeded);
+    assert_eq!(Exit::from_report(&report), Exit::DeadlineExceeded);
     let idle_in_transaction = app_backends(&admin)
         .await
         .iter()

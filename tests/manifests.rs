@@ -250,7 +250,7 @@ fn grace_period_outlasts_the_shutdown_budget() {
     let budget = lameduck::app::shutdown_budget(&with_traces(config.clone()));
     println!(
         "drain delay {:?} + shutdown timeout {:?} -> shutdown budget {budget:?} (traces on); grace period {grace:?}",
-        config.drain_delay, config.shutdown_timeout
+        config.serve.drain_delay, config.serve.shutdown_timeout
     );
     assert!(
         grace > budget + GRACE_MARGIN,
@@ -258,12 +258,12 @@ fn grace_period_outlasts_the_shutdown_budget() {
          ({budget:?}) by more than {GRACE_MARGIN:?}, or the kubelet kills pods mid-drain"
     );
     assert!(
-        config.drain_delay >= MIN_DRAIN_DELAY,
+        config.serve.drain_delay >= MIN_DRAIN_DELAY,
         "LAMEDUCK_DRAIN_DELAY ({:?}) is too short for endpoint removal to propagate",
-        config.drain_delay
+        config.serve.drain_delay
     );
     assert!(
-        config.shutdown_timeout > Duration::ZERO,
+        config.serve.shutdown_timeout > Duration::ZERO,
         "LAMEDUCK_SHUTDOWN_TIMEOUT must leave in-flight requests some time"
     );
 }
@@ -331,8 +331,8 @@ fn probes_ask_the_server_where_it_listens() {
     let config = server_config(&container);
     let port = container_port(&container);
     let admin = named_port(&container, "admin");
-    let admin_listen = tcp(&config.admin_listen, "LAMEDUCK_ADMIN_LISTEN");
-    let listen = tcp(&config.listen, "LAMEDUCK_LISTEN");
+    let admin_listen = tcp(&config.serve.admin_listen, "LAMEDUCK_ADMIN_LISTEN");
+    let listen = tcp(&config.serve.listen, "LAMEDUCK_LISTEN");
     assert!(
         admin_listen.ip().is_unspecified(),
         "LAMEDUCK_ADMIN_LISTEN ({}) must be a wildcard address for the kubelet to reach it",
@@ -388,9 +388,9 @@ fn probes_ask_the_server_where_it_listens() {
     let failures = readiness["failureThreshold"].as_u64().unwrap_or(3);
     let noticed = Duration::from_secs(period * failures);
     assert!(
-        noticed <= config.drain_delay,
+        noticed <= config.serve.drain_delay,
         "the readiness probe needs up to {noticed:?} to see the 503, longer than the drain delay ({:?})",
-        config.drain_delay
+        config.serve.drain_delay
     );
 }
 
@@ -1078,7 +1078,7 @@ fn tls_overlay_renders_and_validates_with_probes_on_plain_http() {
 
     let https = resolve_port(&container, &Value::String("https".to_owned()));
     assert_eq!(
-        u64::from(tcp(&config.listen, "LAMEDUCK_LISTEN").port()),
+        u64::from(tcp(&config.serve.listen, "LAMEDUCK_LISTEN").port()),
         https,
         "the https containerPort is the public listener"
     );
@@ -1128,6 +1128,7 @@ mod links {
             "README.md",
             "lifecycle/README.md",
             "handoff/README.md",
+            "service/README.md",
             "writebehind/README.md",
         ]
         .iter()
@@ -1157,17 +1158,16 @@ mod links {
 
     /// Where a path of the minimal service is in this repository:
     /// `template/variant.rhai` moves `template/minimal/` to the top, next to
-    /// the lifecycle, handoff and write-behind crates and `Cargo.lock`, and brings the
-    /// full example's traces and its exporter of the lifecycle's metrics
-    /// along.
+    /// the lifecycle, handoff, service and write-behind crates and `Cargo.lock`, and brings the
+    /// full example's traces along.
     fn in_minimal_service(root: &Path, path: &str) -> PathBuf {
         const CARRIED: [(&str, &str); 6] = [
             ("lifecycle", "lifecycle"),
             ("handoff", "handoff"),
+            ("service", "service"),
             ("writebehind", "writebehind"),
             ("Cargo.lock", "Cargo.lock"),
             ("src/telemetry/traces", "src/telemetry/traces"),
-            ("src/metrics.rs", "src/http/lifecycle_metrics.rs"),
         ];
         let path = path.trim_start_matches("./");
         for (there, here) in CARRIED {

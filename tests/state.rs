@@ -493,7 +493,7 @@ async fn a_failing_critical_worker_shuts_down_with_its_code_and_the_final_flush_
     }
     fail.send(()).expect("worker waiting");
     let report = running.await.expect("run");
-    assert_eq!(Exit::from_run(&report), Exit::WorkerFailed);
+    assert_eq!(Exit::from_report(&report), Exit::WorkerFailed);
     assert_eq!(
         report.drain.reason.as_deref(),
         Some("critical worker doomed failed")

@@ -3,10 +3,6 @@
 
 pub mod admission;
 pub mod body;
-// Also the minimal variant's `src/metrics.rs` (`template/variant.rhai` puts
-// it there): it may use the lifecycle crate and `prometheus_client`, nothing
-// of this crate.
-pub mod lifecycle_metrics;
 pub mod metrics;
 pub mod middleware;
 pub mod stack;

@@ -8,7 +8,6 @@ pub mod traces;
 
 use std::io::IsTerminal;
 
-use clap::ValueEnum;
 use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -17,14 +16,8 @@ use tracing_subscriber::{fmt, EnvFilter, Layer};
 pub use request_span::{LazySpans, RequestSpan};
 pub use traces::Traces;
 
-/// Log line format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+/// Log line format (`--log-format`), from the service crate.
+pub use lameduck_service::LogFormat;
 
 /// The log lines' layer, for a subscriber of any shape.
 fn text_layer<S>() -> fmt::Layer<S> {

@@ -2,7 +2,6 @@
 //! background worker, one finalizer, and requests per route kept through
 //! the write-behind component (`counts`). This is the part you replace.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,17 +12,16 @@ use axum::{Json, Router};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpListener;
 
-use lameduck_handoff::{Inherited, Listeners};
+use lameduck_handoff::Listeners;
 use lameduck_lifecycle::{Lifecycle, Report, LOG_TARGET};
-use lameduck_lifecycle::{ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE};
+use lameduck_service::listen::{BindError, Listening};
+use lameduck_service::metrics::LifecycleCollector;
 use lameduck_writebehind::{OpenError, ReplayError};
 
 use crate::config::ServerConfig;
 use crate::counts::{self, Counts, CountsFile};
 use crate::http;
-use crate::metrics::LifecycleCollector;
 
 /// How often the background worker logs that the service is alive.
 const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
@@ -40,14 +38,8 @@ const FINAL_FLUSH_BUDGET: Duration = Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum StartupError {
     /// A listen address could not be bound.
-    #[error("cannot listen on {addr}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] BindError),
     /// The state directory cannot take a file.
     #[error("cannot keep state")]
     State(#[from] OpenError),
@@ -60,9 +52,8 @@ pub(crate) enum StartupError {
 /// A built service: listeners bound, workers running, routers ready.
 #[derive(Debug)]
 pub(crate) struct App {
-    listener: TcpListener,
+    listening: Listening,
     router: Router,
-    admin_listener: TcpListener,
     admin_router: Router,
     lifecycle: Lifecycle,
     config: ServerConfig,
@@ -90,8 +81,7 @@ impl App {
         let counts = Counts::open(state)?;
         counts.register(&mut registry);
 
-        let listener = listen(config.listen, inherited.public).await?;
-        let admin_listener = listen(config.admin_listen, inherited.admin).await?;
+        let listening = Listening::bind(&config.serve, inherited).await?;
 
         let workers = lifecycle.workers();
         // Cancelled when the drain starts.
@@ -130,9 +120,8 @@ impl App {
         let router = http::public(api, lifecycle.watch().clone());
         let admin_router = http::admin(lifecycle.watch().clone(), Arc::new(registry));
         Ok(App {
-            listener,
+            listening,
             router,
-            admin_listener,
             admin_router,
             lifecycle,
             config,
@@ -148,39 +137,26 @@ impl App {
     /// it on the lifecycle before `build`), so its `TRACE_FLUSH_BUDGET` is
     /// counted in `workers().budget()`: adding it here would count it twice.
     pub(crate) fn shutdown_budget(&mut self) -> Duration {
-        self.config.drain_delay
-            + self.config.shutdown_timeout
-            + DEADLINE_CLEANUP_GRACE
-            + self.lifecycle.workers().budget()
-            + ADMIN_CLOSE_GRACE
+        self.config.serve.shutdown_budget(self.lifecycle.workers())
     }
 
     /// Serves until shutdown, drains, stops the worker and runs the
     /// finalizer.
     pub(crate) async fn run(self) -> Report {
-        self.lifecycle
-            .serve(self.listener, self.router)
-            .config(self.config.serve())
-            .admin(self.admin_listener, self.admin_router)
+        let Listening {
+            public,
+            admin,
+            files,
+        } = self.listening;
+        let report = self
+            .lifecycle
+            .serve(public, self.router)
+            .config(self.config.serve.config())
+            .admin(admin, self.admin_router)
             .run()
-            .await
-    }
-}
-
-/// Binds `addr`, or serves `inherited` (a socket passed down) instead.
-async fn listen(addr: SocketAddr, inherited: Option<Inherited>) -> Result<TcpListener, StartupError> {
-    let bind_error = |source| StartupError::Bind { addr, source };
-    match inherited {
-        Some(Inherited::Unix(_)) => Err(bind_error(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "the inherited socket is a Unix socket; this service listens on TCP",
-        ))),
-        Some(Inherited::Tcp(listener)) => {
-            tracing::info!(%addr, "serving an inherited listening socket instead of binding");
-            listener.set_nonblocking(true).map_err(bind_error)?;
-            TcpListener::from_std(listener).map_err(bind_error)
-        }
-        None => TcpListener::bind(addr).await.map_err(bind_error),
+            .await;
+        files.remove_after(&report);
+        report
     }
 }
 

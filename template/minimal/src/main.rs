@@ -5,29 +5,23 @@
 //!
 //! - [`app`]: the service (one route, one worker, one finalizer): replace it.
 //! - [`counts`]: state of its own, requests per route, written behind.
-//! - [`config`]: command line and environment. [`exit`]: exit codes.
-//! - [`http`]: health, readiness, metrics. [`healthcheck`]: the container
-//!   health probe. [`telemetry`]: logging, and traces over OTLP when an
-//!   endpoint is set. [`metrics`]: the lifecycle's counters for Prometheus.
+//! - [`config`]: command line and environment.
+//! - [`http`]: health, readiness, metrics. [`telemetry`]: logging, and
+//!   traces over OTLP when an endpoint is set.
 //!
 //! The lifecycle itself (signals, lame duck, drain, deadline, workers and
-//! finalizers, socket activation, in-place upgrade) is the crate in
-//! `lifecycle/`; the write-behind component (flush, journal, spill, replay)
+//! finalizers) is the crate in `lifecycle/`; socket activation and the
+//! in-place upgrade the one in `handoff/`; the lifecycle's flags, exit codes,
+//! the health probe, listeners and the lifecycle's metrics the one in
+//! `service/`; the write-behind component (flush, journal, spill, replay)
 //! the one in `writebehind/`.
 
 mod app;
 mod config;
 mod counts;
-mod exit;
-mod healthcheck;
 mod http;
-// `src/metrics.rs` is the full example's `src/http/lifecycle_metrics.rs`,
-// copied in when the service is generated: one source for both variants of
-// the template.
-mod metrics;
 mod telemetry;
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
@@ -35,6 +29,7 @@ use clap::Parser;
 
 use lameduck_handoff::{self as handoff, Handoff, Successor};
 use lameduck_lifecycle::{error_chain, Lifecycle, Report, LOG_TARGET};
+use lameduck_service::{healthcheck, Exit, PidFile};
 
 use crate::app::App;
 use crate::config::{Cli, Command, ServerConfig};
@@ -43,7 +38,6 @@ use crate::telemetry::traces::{self, Traces};
 /// The service's name as its package spells it, for its messages: read from
 /// `Cargo.toml` at compile time, so renaming the package renames them.
 const NAME: &str = env!("CARGO_PKG_NAME");
-use crate::exit::Exit;
 
 fn main() -> ExitCode {
     // Started by an in-place upgrade under systemd only to start the new
@@ -92,7 +86,7 @@ fn main() -> ExitCode {
             let inherited = match inherited {
                 Ok(inherited) => inherited,
                 Err(error) => {
-                    tracing::error!(%error, "an inherited socket is not a TCP listener");
+                    tracing::error!(%error, "an inherited socket is neither a TCP nor a Unix stream listener");
                     return Exit::Startup.into();
                 }
             };
@@ -109,7 +103,7 @@ fn main() -> ExitCode {
             runtime.shutdown_background();
             exit.into()
         }
-        Command::Healthcheck(config) => match healthcheck::probe(&config) {
+        Command::Healthcheck(config) => match healthcheck::probe(&config, NAME) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("{NAME} healthcheck: {}", error_chain(&error));
@@ -154,7 +148,7 @@ async fn server(
     if let Some(traces) = traces {
         flush_traces_last(&mut lifecycle, traces);
     }
-    let pid_file = config.pid_file.clone();
+    let pid_path = config.serve.pid_file.clone();
     let mut app = match App::build(config, lifecycle, inherited).await {
         Ok(app) => app,
         Err(error) => {
@@ -162,20 +156,17 @@ async fn server(
             return Exit::Startup;
         }
     };
-    if let Some(path) = &pid_file {
-        if let Err(error) = write_pid_file(path) {
-            tracing::error!(%error, path = %path.display(), "cannot write the pid file");
-            return Exit::Startup;
-        }
-    }
+    let Ok(pid_file) = PidFile::write_if_asked(pid_path.as_deref()) else {
+        return Exit::Startup;
+    };
     tracing::info!(
         shutdown_budget = ?app.shutdown_budget(),
         "started; a supervisor must wait longer than the shutdown budget before SIGKILL"
     );
 
     let report = app.run().await;
-    if let Some(path) = &pid_file {
-        remove_own_pid_file(path);
+    if let Some(pid_file) = pid_file {
+        pid_file.remove();
     }
     let exit = Exit::from_report(&report);
     summarize(&report, exit);
@@ -193,22 +184,6 @@ fn flush_traces_last(lifecycle: &mut Lifecycle, traces: Traces) {
         move || traces.flush()
     });
     workers.on_force("flush traces", move || traces.flush_now());
-}
-
-/// Writes this process's pid, atomically.
-fn write_pid_file(path: &Path) -> std::io::Result<()> {
-    let temporary = path.with_extension("tmp");
-    std::fs::write(&temporary, format!("{}\n", std::process::id()))?;
-    std::fs::rename(&temporary, path)
-}
-
-/// Removes the pid file, unless a successor has written its own pid there.
-fn remove_own_pid_file(path: &Path) {
-    let ours =
-        std::fs::read_to_string(path).is_ok_and(|pid| pid.trim() == std::process::id().to_string());
-    if ours {
-        let _ = std::fs::remove_file(path);
-    }
 }
 
 /// The one summary line of the whole shutdown.

@@ -18,7 +18,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
 
-use crate::config::LogFormat;
+use lameduck_service::LogFormat;
 use traces::Traces;
 
 /// Installs the global subscriber: logs, and `traces` if they are on.

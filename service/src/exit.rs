@@ -1,10 +1,9 @@
 //! The process boundary: how a run ends, as an exit code. The codes are
-//! documented in README.md; keep the two in step.
+//! documented in the template's README.md; keep the two in step.
 
 use std::process::ExitCode;
 
-use crate::app::RunReport;
-use crate::lifecycle::DrainOutcome;
+use lameduck_lifecycle::{DrainOutcome, Report};
 
 /// Every way the process can end, each with its own exit code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,7 +11,8 @@ use crate::lifecycle::DrainOutcome;
 pub enum Exit {
     /// Signalled, drained, finalized: nothing was lost.
     Clean = 0,
-    /// Startup failed (bind, database, migrations).
+    /// Startup failed (bind, a store, migrations, state left by an earlier
+    /// run that could not be applied).
     Startup = 1,
     /// An option had an invalid value.
     Usage = 2,
@@ -23,15 +23,15 @@ pub enum Exit {
     Forced = 4,
     /// A critical worker failed and shut the process down.
     WorkerFailed = 5,
-    /// The database was unavailable at the final flush: the hits are in a
-    /// spill file in the data directory, applied at the next start.
+    /// A stateful component's store was unavailable at the final flush:
+    /// its pending updates are in a spill file, applied at the next start.
     StateSpilled = 6,
     /// A finalizer failed or overran its budget.
     FinalizerFailed = 7,
-    /// In-memory state was lost: the database could not take it and the
-    /// spill file could not be written (disk full, read-only or missing
+    /// In-memory state was lost: its store could not take it and the spill
+    /// file could not be written (disk full, read-only or missing
     /// directory, permission denied). The log names the path and the
-    /// number of hits lost.
+    /// number of updates lost.
     StateLost = 8,
 }
 
@@ -44,8 +44,8 @@ impl Exit {
     /// The exit a run ending in `report` calls for. When several apply,
     /// the first of: state lost, forced, deadline exceeded, worker failed,
     /// finalizer failed, state spilled.
-    pub fn from_run(report: &RunReport) -> Exit {
-        if report.lost_hits > 0 {
+    pub fn from_report(report: &Report) -> Exit {
+        if report.stop.state_lost() {
             return Exit::StateLost;
         }
         if report.stop.forced {
@@ -56,7 +56,7 @@ impl Exit {
             DrainOutcome::DeadlineExceeded => Exit::DeadlineExceeded,
             DrainOutcome::Clean if report.stop.worker_failed() => Exit::WorkerFailed,
             DrainOutcome::Clean if report.stop.finalizer_failed() => Exit::FinalizerFailed,
-            DrainOutcome::Clean if report.spilled_hits > 0 => Exit::StateSpilled,
+            DrainOutcome::Clean if report.stop.state_spilled() => Exit::StateSpilled,
             DrainOutcome::Clean => Exit::Clean,
         }
     }

@@ -1,20 +1,23 @@
-//! `lameduck healthcheck`: a container health check that needs no curl.
+//! `<service> healthcheck`: a container health check that needs no curl.
 //! It asks the local server for `/readyz` over plain HTTP/1.1 and exits 0
 //! only on 200.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
 
-use crate::config::HealthcheckConfig;
+use crate::cli::HealthcheckConfig;
+use crate::listen::ListenAddr;
 
 /// Errors of one health probe.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ProbeError {
+pub enum ProbeError {
     /// The server could not be reached or did not answer in time.
     #[error("cannot reach {addr}")]
     Io {
         /// Where.
-        addr: SocketAddr,
+        addr: ListenAddr,
         /// Why.
         #[source]
         source: std::io::Error,
@@ -32,25 +35,34 @@ pub(crate) enum ProbeError {
     },
 }
 
-/// Probes the server once.
+/// Probes the server once, as `service` (its `User-Agent` is
+/// `<service>-healthcheck`).
 ///
 /// # Errors
 /// A [`ProbeError`] saying why the server is not ready.
-pub(crate) fn probe(config: &HealthcheckConfig) -> Result<(), ProbeError> {
-    let addr = loopback_for(config.admin_listen);
-    let io = |source| ProbeError::Io { addr, source };
-    let stream = TcpStream::connect_timeout(&addr, config.timeout).map_err(io)?;
-    stream.set_read_timeout(Some(config.timeout)).map_err(io)?;
-    stream.set_write_timeout(Some(config.timeout)).map_err(io)?;
+pub fn probe(config: &HealthcheckConfig, service: &str) -> Result<(), ProbeError> {
+    let addr = match &config.admin_listen {
+        ListenAddr::Tcp(listen) => ListenAddr::Tcp(loopback_for(*listen)),
+        unix @ ListenAddr::Unix(_) => unix.clone(),
+    };
+    let io = |source| ProbeError::Io {
+        addr: addr.clone(),
+        source,
+    };
+    let host = match &addr {
+        ListenAddr::Tcp(addr) => addr.to_string(),
+        ListenAddr::Unix(_) => "localhost".to_owned(),
+    };
+    let mut stream = connect(&addr, config.timeout).map_err(io)?;
     write!(
-        &stream,
-        "GET {} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: {}-healthcheck\r\nConnection: close\r\n\r\n",
+        stream,
+        "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {}-healthcheck\r\nConnection: close\r\n\r\n",
         config.path,
-        crate::NAME
+        service
     )
     .map_err(io)?;
     let mut status_line = String::new();
-    BufReader::new(&stream)
+    BufReader::new(stream)
         .read_line(&mut status_line)
         .map_err(io)?;
     let status = status_line
@@ -69,6 +81,27 @@ pub(crate) fn probe(config: &HealthcheckConfig) -> Result<(), ProbeError> {
 }
 
 /// A wildcard listen address is probed on the loopback address of its family.
+/// A connected stream, TCP or Unix, with `timeout` on every read and write.
+fn connect(addr: &ListenAddr, timeout: Duration) -> std::io::Result<Box<dyn ReadWrite>> {
+    Ok(match addr {
+        ListenAddr::Tcp(addr) => {
+            let stream = TcpStream::connect_timeout(addr, timeout)?;
+            stream.set_read_timeout(Some(timeout))?;
+            stream.set_write_timeout(Some(timeout))?;
+            Box::new(stream)
+        }
+        ListenAddr::Unix(path) => {
+            let stream = UnixStream::connect(path)?;
+            stream.set_read_timeout(Some(timeout))?;
+            stream.set_write_timeout(Some(timeout))?;
+            Box::new(stream)
+        }
+    })
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
 fn loopback_for(listen: SocketAddr) -> SocketAddr {
     let ip = match listen.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),

@@ -15,11 +15,11 @@ use lameduck_lifecycle::Phase;
 
 /// Exports [`LifecycleMetrics`] to a Prometheus registry.
 #[derive(Debug)]
-pub(crate) struct LifecycleCollector(LifecycleMetrics);
+pub struct LifecycleCollector(LifecycleMetrics);
 
 impl LifecycleCollector {
     /// Registers the lifecycle's series under `registry`.
-    pub(crate) fn register(metrics: &LifecycleMetrics, registry: &mut Registry) {
+    pub fn register(metrics: &LifecycleMetrics, registry: &mut Registry) {
         registry.register_collector(Box::new(LifecycleCollector(metrics.clone())));
     }
 }

@@ -1,0 +1,13 @@
+#![doc = include_str!("../README.md")]
+
+pub mod cli;
+pub mod exit;
+pub mod healthcheck;
+pub mod listen;
+pub mod metrics;
+pub mod pid_file;
+
+pub use cli::{Command, HealthcheckConfig, LogFormat, ReloadConfig, ServeArgs, StateDurability};
+pub use exit::Exit;
+pub use listen::{ListenAddr, Socket};
+pub use pid_file::PidFile;

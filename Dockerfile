@@ -33,25 +33,28 @@ COPY Cargo.toml Cargo.lock ./
 COPY lifecycle/Cargo.toml lifecycle/Cargo.toml
 COPY handoff/Cargo.toml handoff/Cargo.toml
 COPY service/Cargo.toml service/Cargo.toml
+COPY traces/Cargo.toml traces/Cargo.toml
 COPY writebehind/Cargo.toml writebehind/Cargo.toml
 COPY load/Cargo.toml load/Cargo.toml
-RUN mkdir -p src lifecycle/src handoff/src service/src writebehind/src load/src \
+RUN mkdir -p src lifecycle/src handoff/src service/src traces/src writebehind/src load/src \
     && printf '//! Stand-in.\nfn main() {}\n' > src/main.rs \
     && printf '//! Stand-in.\n' > src/lib.rs \
     && printf '//! Stand-in.\n' > lifecycle/src/lib.rs \
     && printf '//! Stand-in.\n' > handoff/src/lib.rs \
     && printf '//! Stand-in.\n' > service/src/lib.rs \
+    && printf '//! Stand-in.\n' > traces/src/lib.rs \
     && printf '//! Stand-in.\n' > writebehind/src/lib.rs \
     && printf 'fn main() {}\n' > load/src/main.rs \
     && cargo build --release --locked -p lameduck \
-    && cargo clean --release --locked -p lameduck -p lameduck-lifecycle -p lameduck-handoff -p lameduck-service -p lameduck-writebehind \
-    && rm -rf src lifecycle/src handoff/src service/src writebehind/src
+    && cargo clean --release --locked -p lameduck -p lameduck-lifecycle -p lameduck-handoff -p lameduck-service -p lameduck-traces -p lameduck-writebehind \
+    && rm -rf src lifecycle/src handoff/src service/src traces/src writebehind/src
 
 # 2. The project itself (sqlx embeds migrations/ at compile time).
 COPY migrations migrations
 COPY lifecycle lifecycle
 COPY handoff handoff
 COPY service service
+COPY traces traces
 COPY writebehind writebehind
 COPY src src
 # COPY keeps the files' times, which may be older than the stand-ins built
@@ -62,7 +65,7 @@ COPY src src
 #    in the container still names its functions, and a `.gnu_debuglink` to
 #    the artifact, so that the backtrace can be given its files and lines
 #    later (docs/deployment.md).
-RUN find src lifecycle handoff service writebehind migrations -type f -exec touch {} + \
+RUN find src lifecycle handoff service traces writebehind migrations -type f -exec touch {} + \
     && cargo build --release --locked -p lameduck --bin lameduck \
     && mkdir -p /out/data /out/spill \
     && objcopy --only-keep-debug target/release/lameduck /out/lameduck.debug \

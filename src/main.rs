@@ -56,7 +56,8 @@ fn main() -> ExitCode {
                 }
             };
             // Inside the runtime: the gRPC exporter's channel lives on it.
-            let traces = runtime.block_on(async { Traces::start(&config.otlp) });
+            let traces = runtime
+                .block_on(async { Traces::start(&config.otlp, lameduck_traces::service!()) });
             let traces = match traces {
                 Ok(traces) => traces,
                 Err(error) => {

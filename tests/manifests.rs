@@ -1129,6 +1129,7 @@ mod links {
             "lifecycle/README.md",
             "handoff/README.md",
             "service/README.md",
+            "traces/README.md",
             "writebehind/README.md",
         ]
         .iter()
@@ -1158,16 +1159,16 @@ mod links {
 
     /// Where a path of the minimal service is in this repository:
     /// `template/variant.rhai` moves `template/minimal/` to the top, next to
-    /// the lifecycle, handoff, service and write-behind crates and `Cargo.lock`, and brings the
-    /// full example's traces along.
+    /// the lifecycle, handoff, service, traces and write-behind crates and
+    /// `Cargo.lock`.
     fn in_minimal_service(root: &Path, path: &str) -> PathBuf {
         const CARRIED: [(&str, &str); 6] = [
             ("lifecycle", "lifecycle"),
             ("handoff", "handoff"),
             ("service", "service"),
+            ("traces", "traces"),
             ("writebehind", "writebehind"),
             ("Cargo.lock", "Cargo.lock"),
-            ("src/telemetry/traces", "src/telemetry/traces"),
         ];
         let path = path.trim_start_matches("./");
         for (there, here) in CARRIED {

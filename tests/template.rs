@@ -132,6 +132,7 @@ fn the_minimal_service_generates_and_passes_its_own_test_command() {
         "lifecycle/src/lib.rs",
         "handoff/src/lib.rs",
         "service/src/lib.rs",
+        "traces/src/lib.rs",
         "writebehind/src/lib.rs",
         "Dockerfile",
     ] {
@@ -157,7 +158,7 @@ fn the_minimal_service_generates_and_passes_its_own_test_command() {
         assert!(!text.contains("sqlx"), "{file} still has sqlx");
     }
     let workspace = generated.read("Cargo.toml");
-    for crate_dir in ["lifecycle", "handoff", "service", "writebehind"] {
+    for crate_dir in ["lifecycle", "handoff", "service", "traces", "writebehind"] {
         let dependency = format!("{NAME}-{crate_dir} = {{ path = \"{crate_dir}\" }}");
         assert!(
             workspace.contains(&dependency),
@@ -239,7 +240,7 @@ impl Generated {
             manifest.contains(&format!("name = \"{NAME}\"")),
             "{manifest}"
         );
-        for crate_dir in ["lifecycle", "handoff", "service", "writebehind"] {
+        for crate_dir in ["lifecycle", "handoff", "service", "traces", "writebehind"] {
             let manifest = self.read(&format!("{crate_dir}/Cargo.toml"));
             assert!(
                 manifest.contains(&format!("name = \"{NAME}-{crate_dir}\"")),
@@ -253,7 +254,7 @@ impl Generated {
             format!("{SHOUTY}_LISTEN=0.0.0.0:8080"),
             format!("-p {NAME} --bin {NAME}"),
             format!(
-                "cargo clean --release --locked -p {NAME} -p {NAME}-lifecycle -p {NAME}-handoff -p {NAME}-service -p {NAME}-writebehind"
+                "cargo clean --release --locked -p {NAME} -p {NAME}-lifecycle -p {NAME}-handoff -p {NAME}-service -p {NAME}-traces -p {NAME}-writebehind"
             ),
         ] {
             assert!(dockerfile.contains(&expected), "Dockerfile: no {expected}");

@@ -4,6 +4,7 @@ pub mod cli;
 pub mod exit;
 pub mod healthcheck;
 pub mod listen;
+pub mod logs;
 pub mod metrics;
 pub mod pid_file;
 

@@ -1,7 +1,8 @@
 //! The lifecycle's counters as Prometheus series: read at scrape time from
 //! the lifecycle's [`Snapshot`] (`lameduck_connections_open{protocol}`,
 //! `lameduck_connections_closed_total{by,reason}`,
-//! `lameduck_requests_in_flight`, `lameduck_shutdown_phase{phase}`…).
+//! `lameduck_requests_in_flight`, `lameduck_shutdown_phase{phase}`…), and
+//! the traces' (`lameduck_traces_spans_refused_total`).
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -134,5 +135,36 @@ impl Collector for LifecycleCollector {
             ),
             ConstGauge::new(s.drain.as_secs_f64()),
         )
+    }
+}
+
+/// The traces' series (`lameduck_traces_spans_refused_total`): read at
+/// scrape time, zero while traces are off.
+#[derive(Debug)]
+pub struct TracesCollector;
+
+impl TracesCollector {
+    /// Registers the series under `registry`.
+    pub fn register(registry: &mut prometheus_client::registry::Registry) {
+        registry.register_collector(Box::new(TracesCollector));
+    }
+}
+
+impl prometheus_client::collector::Collector for TracesCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric;
+        let refused = prometheus_client::metrics::counter::ConstCounter::new(
+            lameduck_traces::spans_refused(),
+        );
+        let metric = encoder.encode_descriptor(
+            "traces_spans_refused",
+            "Spans in batches the trace collector refused (down, unreachable or failing): dropped",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        refused.encode(metric)
     }
 }

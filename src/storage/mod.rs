@@ -694,7 +694,7 @@ impl Storage {
     ) -> Result<bool, StorageError> {
         // A `tracing` span, not a [`ChildSpan`]: it belongs to the flush's
         // own span (the write-behind component's), a batch at a time.
-        let span = crate::traced_span!(
+        let span = lameduck_traces::traced_span!(
             "database",
             otel.name = "UPDATE links",
             otel.kind = "client",

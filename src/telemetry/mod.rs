@@ -4,7 +4,8 @@
 //! trace is its server span, decided and built apart ([`traces::Edge`]).
 
 pub mod request_span;
-pub mod traces;
+/// The traces crate (`traces/`), where the service has always had it.
+pub use lameduck_traces as traces;
 
 use std::io::IsTerminal;
 
@@ -63,32 +64,5 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
     };
 }
 
-/// The traces' series (`lameduck_traces_spans_refused_total`): read at
-/// scrape time, zero while traces are off.
-#[derive(Debug)]
-pub struct TracesCollector;
-
-impl TracesCollector {
-    /// Registers the series under `registry`.
-    pub fn register(registry: &mut prometheus_client::registry::Registry) {
-        registry.register_collector(Box::new(TracesCollector));
-    }
-}
-
-impl prometheus_client::collector::Collector for TracesCollector {
-    fn encode(
-        &self,
-        mut encoder: prometheus_client::encoding::DescriptorEncoder,
-    ) -> std::fmt::Result {
-        use prometheus_client::encoding::EncodeMetric;
-        let refused =
-            prometheus_client::metrics::counter::ConstCounter::new(traces::spans_refused());
-        let metric = encoder.encode_descriptor(
-            "traces_spans_refused",
-            "Spans in batches the trace collector refused (down, unreachable or failing): dropped",
-            None,
-            prometheus_client::metrics::MetricType::Counter,
-        )?;
-        refused.encode(metric)
-    }
-}
+/// The traces' series, from the service crate.
+pub use lameduck_service::metrics::TracesCollector;

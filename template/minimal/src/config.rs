@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser};
 use lameduck_service::{LogFormat, ServeArgs, StateDurability};
 
-use crate::telemetry::traces::OtlpConfig;
+use lameduck_traces::OtlpConfig;
 
 /// lameduck: an HTTP service that stops, restarts and rolls out under load
 /// without dropping a request.

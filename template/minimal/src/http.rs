@@ -18,7 +18,7 @@ use serde_json::json;
 
 use lameduck_lifecycle::Watch;
 
-use crate::telemetry::traces::{self, ServerSpan};
+use lameduck_traces::{self as traces, ServerSpan};
 
 /// The header a proxy or client names a request by, carried on its span.
 const REQUEST_ID: &str = "x-request-id";

@@ -6,21 +6,19 @@
 //! - [`app`]: the service (one route, one worker, one finalizer): replace it.
 //! - [`counts`]: state of its own, requests per route, written behind.
 //! - [`config`]: command line and environment.
-//! - [`http`]: health, readiness, metrics. [`telemetry`]: logging, and
-//!   traces over OTLP when an endpoint is set.
+//! - [`http`]: health, readiness, metrics.
 //!
 //! The lifecycle itself (signals, lame duck, drain, deadline, workers and
 //! finalizers) is the crate in `lifecycle/`; socket activation and the
 //! in-place upgrade the one in `handoff/`; the lifecycle's flags, exit codes,
-//! the health probe, listeners and the lifecycle's metrics the one in
-//! `service/`; the write-behind component (flush, journal, spill, replay)
-//! the one in `writebehind/`.
+//! the health probe, listeners, logging and the lifecycle's metrics the one
+//! in `service/`; traces over OTLP the one in `traces/`; the write-behind
+//! component (flush, journal, spill, replay) the one in `writebehind/`.
 
 mod app;
 mod config;
 mod counts;
 mod http;
-mod telemetry;
 
 use std::process::ExitCode;
 
@@ -29,11 +27,11 @@ use clap::Parser;
 
 use lameduck_handoff::{self as handoff, Handoff, Successor};
 use lameduck_lifecycle::{error_chain, Lifecycle, Report, LOG_TARGET};
-use lameduck_service::{healthcheck, Exit, PidFile};
+use lameduck_service::{healthcheck, logs, Exit, PidFile};
+use lameduck_traces::{self as traces, Traces};
 
 use crate::app::App;
 use crate::config::{Cli, Command, ServerConfig};
-use crate::telemetry::traces::{self, Traces};
 
 /// The service's name as its package spells it, for its messages: read from
 /// `Cargo.toml` at compile time, so renaming the package renames them.
@@ -71,15 +69,15 @@ fn main() -> ExitCode {
                 }
             };
             // Inside the runtime: the gRPC exporter's channel lives on it.
-            let traces = match runtime.block_on(async { Traces::start(&config.otlp) }) {
+            let traces = match runtime.block_on(async { Traces::start(&config.otlp, traces::service!()) }) {
                 Ok(traces) => traces,
                 Err(error) => {
-                    telemetry::init(config.log_format, None);
+                    logs::init(config.log_format, None);
                     tracing::error!("traces: {}", error_chain(&error));
                     return Exit::Usage.into();
                 }
             };
-            telemetry::init(config.log_format, traces.as_ref());
+            logs::init(config.log_format, traces.as_ref());
             if let Some(traces) = &traces {
                 traces.log_started();
             }

@@ -1,15 +1,7 @@
 //! Logging: `tracing` to stdout, as text or JSON, filtered by `RUST_LOG`
-//! (default `info`). With traces on ([`traces`]) the same lines, less the
-//! spans' `otel.*` fields, and every request's span exported over OTLP.
-
-// `src/telemetry/traces/` is the full example's, moved here when the
-// service is generated: one source for both variants. Its items are `pub`
-// for the full example's library; here they are private to the binary,
-// which does not use all of them (`fail` marks the full example's own spans
-// failed; the shutdown budget counts the flush among the finalizers
-// without asking `OtlpConfig::enabled`).
-#[allow(unreachable_pub, dead_code)]
-pub(crate) mod traces;
+//! (default `info`). With traces on (`lameduck-traces`) the same lines, less
+//! the spans' `otel.*` fields, and every span the trace filter lets through
+//! exported over OTLP.
 
 use std::io::IsTerminal;
 
@@ -18,12 +10,13 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
 
-use lameduck_service::LogFormat;
-use traces::Traces;
+use lameduck_traces::{self as traces, Traces};
+
+use crate::cli::LogFormat;
 
 /// Installs the global subscriber: logs, and `traces` if they are on.
 /// Call once, before anything logs.
-pub(crate) fn init(format: LogFormat, traces: Option<&Traces>) {
+pub fn init(format: LogFormat, traces: Option<&Traces>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::stdout().is_terminal();
     let Some(traces) = traces else {
@@ -43,16 +36,22 @@ pub(crate) fn init(format: LogFormat, traces: Option<&Traces>) {
     let _ = match format {
         LogFormat::Text => {
             let text = logs.fmt_fields(traces::fields::TextFields);
-            let registry = tracing_subscriber::registry().with(text.with_filter(filter.and(traces::logged())));
-            registry.with(traces.layer().with_filter(traces::exported())).try_init()
+            let registry =
+                tracing_subscriber::registry().with(text.with_filter(filter.and(traces::logged())));
+            registry
+                .with(traces.layer().with_filter(traces::exported()))
+                .try_init()
         }
         LogFormat::Json => {
             let json = logs
                 .json()
                 .flatten_event(true)
                 .fmt_fields(traces::fields::JsonFields);
-            let registry = tracing_subscriber::registry().with(json.with_filter(filter.and(traces::logged())));
-            registry.with(traces.layer().with_filter(traces::exported())).try_init()
+            let registry =
+                tracing_subscriber::registry().with(json.with_filter(filter.and(traces::logged())));
+            registry
+                .with(traces.layer().with_filter(traces::exported()))
+                .try_init()
         }
     };
 }

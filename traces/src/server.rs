@@ -33,8 +33,8 @@ use std::pin::Pin;
 use std::sync::OnceLock;
 use std::task::{Context as TaskContext, Poll};
 
-use axum::http::header::{HeaderName, HOST, USER_AGENT};
-use axum::http::{Request, Version};
+use http::header::{HeaderName, HOST, USER_AGENT};
+use http::{Request, Version};
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
 };

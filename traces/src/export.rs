@@ -244,7 +244,7 @@ impl Exporter {
         let mut request = tonic::Request::new(body);
         *request.metadata_mut() = metadata.clone();
         request.set_timeout(self.settings.timeout);
-        let path = axum::http::uri::PathAndQuery::from_static(EXPORT_METHOD);
+        let path = http::uri::PathAndQuery::from_static(EXPORT_METHOD);
         match client.unary(request, path, Raw).await {
             Ok(_) => Ok(()),
             Err(status) => {

@@ -1,7 +1,7 @@
 //! The caller's trace, from the W3C `traceparent` (and `tracestate`) a
 //! request carries.
 
-use axum::http::HeaderMap;
+use http::HeaderMap;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::Context;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -27,7 +27,7 @@ impl Extractor for Headers<'_> {
 
 #[cfg(test)]
 mod tests {
-    use axum::http::HeaderValue;
+    use http::HeaderValue;
     use opentelemetry::trace::TraceContextExt;
 
     use super::*;

@@ -1,37 +1,4 @@
-//! Traces: the span of every request sampled, and the service's own work,
-//! exported over OTLP to a collector — off unless an endpoint is
-//! configured, and flushed on every way out.
-//!
-//! On: `OTEL_EXPORTER_OTLP_ENDPOINT` (or `--otlp-endpoint`), or the traces
-//! endpoint alone. The OpenTelemetry SDK reads `OTEL_SERVICE_NAME` and
-//! `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` and its argument; the
-//! batch processor (`batch`) reads `OTEL_BSP_*`, the exporter (`export`)
-//! `OTEL_EXPORTER_OTLP_HEADERS`, `…_TIMEOUT` and `…_COMPRESSION`, and
-//! `tls` the CA certificates of `OTEL_EXPORTER_OTLP_CERTIFICATE`, each in
-//! its traces' form first. A request's sampling decision is taken at its
-//! edge, and a sampled request's server span built straight for the
-//! exporter ([`server`]); the service's own spans go through
-//! `tracing-opentelemetry` ([`Traces::layer`]). Off, nothing here runs: no
-//! exporter, no thread, and a request's span stays as it was (in the full
-//! example, the lazy one of `telemetry::request_span`).
-//!
-//! One source for both variants of the template: the minimal service gets
-//! this directory as its own `src/telemetry/traces/` when it is generated.
-//! So it names nothing of the crate but its own path (`traced_span!`) and,
-//! in its tests, `config::{Cli, Command}` (a server config's `otlp`).
-//!
-//! Spans end in the batch processor, encoded as they end, and are exported
-//! from a thread of its own. At exit that batch is what a process loses,
-//! so:
-//! - [`Traces::flush`] is the last finalizer (registered first): it runs
-//!   after the others (in the full example the final hit flush, whose span
-//!   it then carries), ends the spans of requests still open with an error
-//!   ([`open`]), and waits for the export on a thread of its own for at
-//!   most [`TRACE_FLUSH_BUDGET`] — a collector that is down or slow costs
-//!   that, and a warning that counts what was dropped, never the exit code
-//!   or a hang;
-//! - after a second signal, [`Traces::flush_now`] (a force hook, the last)
-//!   gives the export [`TRACE_FORCE_FLUSH_BUDGET`], no more.
+#![doc = include_str!("../README.md")]
 
 mod batch;
 mod count;
@@ -124,8 +91,8 @@ pub fn wanted() -> bool {
 #[macro_export]
 macro_rules! traced_span {
     ($($span:tt)*) => {
-        if $crate::telemetry::traces::wanted() {
-            $crate::telemetry::traces::in_request_context(|| ::tracing::info_span!($($span)*))
+        if $crate::wanted() {
+            $crate::in_request_context(|| ::tracing::info_span!($($span)*))
         } else {
             ::tracing::Span::none()
         }
@@ -239,10 +206,37 @@ pub enum TracesError {
     Certificate(#[from] CertificateError),
 }
 
+/// The service whose traces these are, as its package names it; made by
+/// [`service!`] in the service's own crate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Service {
+    /// The package's name (`my-svc`): `service.name`, unless
+    /// `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` names another.
+    pub name: &'static str,
+    /// Its crate's name (`my_svc`): the instrumentation scope of its spans.
+    pub crate_name: &'static str,
+    /// Its version: `service.version`.
+    pub version: &'static str,
+}
+
+/// The [`Service`] of the package this is written in: its name, crate name
+/// and version, read from its `Cargo.toml` at compile time.
+#[macro_export]
+macro_rules! service {
+    () => {
+        $crate::Service {
+            name: env!("CARGO_PKG_NAME"),
+            crate_name: env!("CARGO_CRATE_NAME"),
+            version: env!("CARGO_PKG_VERSION"),
+        }
+    };
+}
+
 /// The running trace pipeline: the SDK's provider, and the count of spans
 /// ended and exported. Cloning is cheap.
 #[derive(Clone, Debug)]
 pub struct Traces {
+    service: Service,
     provider: SdkTracerProvider,
     counts: Arc<Counts>,
     url: String,
@@ -250,14 +244,14 @@ pub struct Traces {
 }
 
 impl Traces {
-    /// Starts exporting as `config` says, or returns `None` if it names no
-    /// endpoint. Call with the runtime entered: the gRPC exporter's channel
-    /// lives on it.
+    /// Starts exporting `service`'s traces as `config` says, or returns
+    /// `None` if it names no endpoint. Call with the runtime entered: the
+    /// gRPC exporter's channel lives on it.
     ///
     /// # Errors
     /// [`TracesError`] if the exporter cannot be made, or the CA
     /// certificates named cannot be read.
-    pub fn start(config: &OtlpConfig) -> Result<Option<Traces>, TracesError> {
+    pub fn start(config: &OtlpConfig, service: Service) -> Result<Option<Traces>, TracesError> {
         let protocol = config.protocol();
         let Some(url) = config.traces_url() else {
             return Ok(None);
@@ -278,7 +272,7 @@ impl Traces {
             }
         })?;
         let counts = Arc::new(Counts::default());
-        let resource = resource();
+        let resource = resource(service);
         // The provider would hand the resource to its processors; this one
         // is shared with the server spans ([`server`]), so it gets it here.
         let batch = batch::Batcher::start(
@@ -302,11 +296,12 @@ impl Traces {
             sampler: sdk.sampler,
             limits: sdk.span_limits,
             processor: batch,
-            scope: InstrumentationScope::builder(env!("CARGO_CRATE_NAME")).build(),
+            scope: InstrumentationScope::builder(service.crate_name).build(),
             ids: RandomIdGenerator::default(),
         });
         ENABLED.store(true, Ordering::Relaxed);
         Ok(Some(Traces {
+            service,
             provider,
             counts,
             url,
@@ -331,7 +326,7 @@ impl Traces {
         // No attributes for the code location, the target or the thread:
         // the same for every request, they would only add to each span.
         tracing_opentelemetry::layer()
-            .with_tracer(self.provider.tracer(env!("CARGO_CRATE_NAME")))
+            .with_tracer(self.provider.tracer(self.service.crate_name))
             .with_tracked_inactivity(false)
             .with_location(false)
             .with_target(false)
@@ -431,7 +426,7 @@ fn flush_within(provider: &SdkTracerProvider, wait: Duration) -> Result<(), Stri
 
 /// The service as the collector sees it: `service.name` from the standard
 /// variables, or the package's name; its version.
-fn resource() -> Resource {
+fn resource(service: Service) -> Resource {
     let service_name = opentelemetry::Key::from_static_str("service.name");
     let detected = Resource::builder().build();
     let named = detected
@@ -440,10 +435,10 @@ fn resource() -> Resource {
     let builder = if named {
         Resource::builder()
     } else {
-        Resource::builder().with_service_name(env!("CARGO_PKG_NAME"))
+        Resource::builder().with_service_name(service.name)
     };
     builder
-        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .with_attribute(KeyValue::new("service.version", service.version))
         .build()
 }
 
@@ -452,14 +447,17 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::config::{Cli, Command};
+
+    /// A command line with nothing but the OTLP flags.
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        otlp: OtlpConfig,
+    }
 
     fn otlp(args: &[&str]) -> OtlpConfig {
-        let argv = [env!("CARGO_PKG_NAME"), "server"].iter().chain(args);
-        match Cli::try_parse_from(argv).expect("parses").command {
-            Command::Server(config) => config.otlp,
-            _ => unreachable!("parsed the server subcommand"),
-        }
+        let argv = ["service"].iter().chain(args);
+        Cli::try_parse_from(argv).expect("parses").otlp
     }
 
     #[test]
@@ -512,12 +510,7 @@ mod tests {
 
     #[test]
     fn a_protocol_the_service_does_not_speak_is_refused() {
-        let argv = [
-            env!("CARGO_PKG_NAME"),
-            "server",
-            "--otlp-protocol",
-            "http/json",
-        ];
+        let argv = ["service", "--otlp-protocol", "http/json"];
         let error = Cli::try_parse_from(argv).expect_err("refused");
         assert!(error.to_string().contains("--otlp-protocol"), "{error}");
     }

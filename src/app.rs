@@ -25,6 +25,8 @@ use crate::tls::reload::{run_reloader, RELOAD_POLL_INTERVAL};
 use crate::tls::{self as tls, CertStore, TlsAcceptor, TlsError, TlsMetrics};
 use lameduck_service::listen::{BindError, Listening, SocketFiles};
 use lameduck_service::metrics::LifecycleCollector;
+use lameduck_service::{Exit, LogFormat, ServeArgs, Start};
+use lameduck_traces::Traces;
 use lameduck_writebehind::{OpenError, ReplayError};
 
 /// How long the hit flusher may take to stop after its token fires.
@@ -53,7 +55,7 @@ pub const FINALIZE_BUDGET: Duration = FLUSHER_STOP_BUDGET
 /// grace period (Kubernetes' `terminationGracePeriodSeconds`) must be
 /// longer, or it kills the process mid-drain.
 pub fn shutdown_budget(config: &ServerConfig) -> Duration {
-    let traces = if config.otlp.enabled() {
+    let traces = if config.serve.otlp.enabled() {
         TRACE_FLUSH_BUDGET
     } else {
         Duration::ZERO
@@ -310,6 +312,43 @@ impl App {
             .await;
         self.socket_files.remove_after(&report);
         report
+    }
+}
+
+/// The template's `main` runs the link shortener: its options, the build
+/// on the lifecycle, the run.
+impl lameduck_service::Service for App {
+    type Config = ServerConfig;
+    type Error = StartupError;
+
+    async fn build(start: Start<ServerConfig>) -> Result<App, StartupError> {
+        App::build_on(start.config, start.lifecycle, start.inherited).await
+    }
+
+    fn serve_args(config: &ServerConfig) -> &ServeArgs {
+        &config.serve
+    }
+
+    /// An unusable certificate or key is a configuration error (exit 2):
+    /// one line naming the file and the problem.
+    fn startup_exit(error: &StartupError) -> Exit {
+        match error {
+            StartupError::Tls(_) => Exit::Usage,
+            _ => Exit::Startup,
+        }
+    }
+
+    /// Logs with the requests' lazy spans ([`crate::telemetry`]).
+    fn init_logs(format: LogFormat, traces: Option<&Traces>) {
+        crate::telemetry::init(format, traces);
+    }
+
+    fn shutdown_budget(&mut self) -> Duration {
+        self.config.serve.shutdown_budget(self.lifecycle.workers())
+    }
+
+    async fn run(self) -> Report {
+        App::run(self).await
     }
 }
 

@@ -58,10 +58,6 @@ pub struct ServerConfig {
     )]
     pub tls_key: Option<PathBuf>,
 
-    /// Log format (filter with `RUST_LOG`, default `info`).
-    #[arg(long, env = "LAMEDUCK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-
     /// Directory for the embedded SQLite database and spill files; created
     /// if missing.
     #[arg(long, env = "LAMEDUCK_DATA_DIR", default_value = "data")]
@@ -130,10 +126,6 @@ pub struct ServerConfig {
     /// measures both.
     #[arg(long, env = "LAMEDUCK_READINESS_FOLLOWS_DATABASE")]
     pub readiness_follows_database: bool,
-
-    /// Traces, exported over OTLP when an endpoint is set.
-    #[command(flatten)]
-    pub otlp: OtlpConfig,
 }
 
 impl ServerConfig {

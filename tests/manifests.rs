@@ -271,7 +271,7 @@ fn grace_period_outlasts_the_shutdown_budget() {
 /// `config` with traces exported: their flush adds to the shutdown budget.
 fn with_traces(mut config: ServerConfig) -> ServerConfig {
     let endpoint = "http://collector:4318".parse().expect("a URL");
-    config.otlp.otlp_endpoint = Some(endpoint);
+    config.serve.otlp.otlp_endpoint = Some(endpoint);
     config
 }
 
@@ -1358,6 +1358,114 @@ mod links {
                 .iter()
                 .map(|a| (*a).to_owned())
                 .collect::<BTreeSet<_>>()
+        );
+    }
+}
+
+/// The budgets the layout was given, kept: a stranger reads the lifecycle
+/// crate (the timeline) in an hour, and a service made from the template
+/// owns little code of its own — the rest is the workspace's crates.
+mod budgets {
+    use std::path::Path;
+
+    use super::repo;
+
+    /// Lines of code in a Rust file: blank lines, comments (doc comments
+    /// too) and `#[cfg(test)]` modules aside.
+    fn code_lines(text: &str) -> usize {
+        let mut count = 0;
+        let mut lines = text.lines().map(str::trim);
+        let mut in_block_comment = false;
+        let mut test_attribute = false;
+        while let Some(line) = lines.next() {
+            if in_block_comment {
+                in_block_comment = !line.contains("*/");
+                continue;
+            }
+            if line.starts_with("/*") {
+                in_block_comment = !line.contains("*/");
+                continue;
+            }
+            if line.is_empty() || line.starts_with("//") {
+                continue;
+            }
+            if line == "#[cfg(test)]" {
+                test_attribute = true;
+                continue;
+            }
+            let module = line
+                .trim_start_matches("pub(crate) ")
+                .trim_start_matches("pub ");
+            if std::mem::take(&mut test_attribute) && module.starts_with("mod ") {
+                // Skip to the module's closing brace.
+                let mut depth = line.matches('{').count();
+                while depth > 0 {
+                    let Some(inner) = lines.next() else { break };
+                    depth += inner.matches('{').count();
+                    depth -= inner.matches('}').count().min(depth);
+                }
+                continue;
+            }
+            count += 1;
+        }
+        count
+    }
+
+    /// The code lines of every `.rs` file under `dir`, by file.
+    fn code_lines_under(dir: &Path) -> Vec<(String, usize)> {
+        let mut found = Vec::new();
+        let mut dirs = vec![dir.to_owned()];
+        while let Some(dir) = dirs.pop() {
+            let entries =
+                std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            for entry in entries {
+                let path = entry.expect("a directory entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|ext| ext == "rs") {
+                    let text = std::fs::read_to_string(&path).expect("a source file");
+                    found.push((path.display().to_string(), code_lines(&text)));
+                }
+            }
+        }
+        found.sort();
+        found
+    }
+
+    #[test]
+    fn code_lines_leave_out_blanks_comments_and_tests() {
+        let text = "//! Doc.\n\nfn a() {}\n/* a\n b */\n/// b\nfn b() {}\n\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn t() { assert!(true) }\n}\nfn c() {}\n";
+        assert_eq!(code_lines(text), 3);
+    }
+
+    #[test]
+    fn the_lifecycle_crate_stays_within_its_budget() {
+        let files = code_lines_under(&repo().join("lifecycle/src"));
+        let total: usize = files.iter().map(|(_, n)| n).sum();
+        assert!(
+            total <= 2_200,
+            "lifecycle/src: {total} code lines, over 2,200: {files:#?}"
+        );
+    }
+
+    /// Only where the template is (a generated service has no template/).
+    #[test]
+    fn the_minimal_service_owns_little_code() {
+        let minimal = repo().join("template/minimal/src");
+        if !minimal.exists() {
+            return;
+        }
+        let files = code_lines_under(&minimal);
+        let total: usize = files.iter().map(|(_, n)| n).sum();
+        assert!(
+            total <= 250,
+            "template/minimal/src: {total} code lines, over 250: {files:#?}"
+        );
+        let main = files.iter().find(|(path, _)| path.ends_with("src/main.rs"));
+        let main = main.map_or(0, |(_, n)| *n);
+        assert!(
+            main <= 40,
+            "template/minimal/src/main.rs: {main} code lines, over 40"
         );
     }
 }

@@ -324,8 +324,8 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
             let path = spill.path().expect("an explicit spill dir");
             assert_eq!(line["path"], path.display().to_string(), "{line}");
             assert!(
-                logs.contains(&format!("lost_hits={answered}"))
-                    || logs.contains(&format!("\"lost_hits\":{answered}")),
+                logs.contains(&format!("state_lost={answered}"))
+                    || logs.contains(&format!("\"state_lost\":{answered}")),
                 "{way:?}: the summary line counts the loss; logs:\n{logs}"
             );
         }

@@ -129,7 +129,7 @@ async fn sigterm() {
 /// # Errors
 /// If the app cannot be built.
 pub async fn plain_axum(config: ServerConfig) -> anyhow::Result<()> {
-    telemetry::init(config.log_format, None);
+    telemetry::init(config.serve.log_format, None);
     // The shutdown handle is never triggered: readiness stays 200 until the
     // process is gone, as in a service that has no lame-duck logic.
     let parts = App::build(config, Lifecycle::new())
@@ -223,7 +223,7 @@ pub async fn redirect_uncounted(config: ServerConfig) -> anyhow::Result<()> {
 /// `lameduck server` as its `main` runs it, with `adjust` applied to the
 /// built app before it serves.
 async fn run_app(config: ServerConfig, adjust: impl FnOnce(&App)) -> anyhow::Result<()> {
-    telemetry::init(config.log_format, None);
+    telemetry::init(config.serve.log_format, None);
     let lifecycle = Lifecycle::new()
         .with_signals()
         .context("cannot install signal handlers")?;

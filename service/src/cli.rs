@@ -39,6 +39,8 @@ use lameduck_lifecycle::{
     DrainSpread, ServeConfig, Workers, ADMIN_CLOSE_GRACE, DEADLINE_CLEANUP_GRACE,
 };
 
+use lameduck_traces::OtlpConfig;
+
 use crate::listen::ListenAddr;
 
 /// The subcommands, around the service's own server options `S` (which
@@ -171,6 +173,15 @@ pub struct ServeArgs {
     /// send SIGHUP for an in-place upgrade.
     #[arg(long, env = "LAMEDUCK_PID_FILE", value_name = "PATH")]
     pub pid_file: Option<PathBuf>,
+
+    /// Log format (filter with `RUST_LOG`, default `info`).
+    #[arg(long, env = "LAMEDUCK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Traces, exported over OTLP when an endpoint is set (the standard
+    /// `OTEL_*` variables).
+    #[command(flatten)]
+    pub otlp: OtlpConfig,
 }
 
 impl ServeArgs {

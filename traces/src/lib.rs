@@ -206,10 +206,10 @@ pub enum TracesError {
     Certificate(#[from] CertificateError),
 }
 
-/// The service whose traces these are, as its package names it; made by
-/// [`service!`] in the service's own crate.
+/// The package whose traces these are, as its `Cargo.toml` names it; made
+/// by [`package!`] in the service's own crate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Service {
+pub struct Package {
     /// The package's name (`my-svc`): `service.name`, unless
     /// `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` names another.
     pub name: &'static str,
@@ -217,17 +217,20 @@ pub struct Service {
     pub crate_name: &'static str,
     /// Its version: `service.version`.
     pub version: &'static str,
+    /// Its description, for its command line's help.
+    pub description: &'static str,
 }
 
-/// The [`Service`] of the package this is written in: its name, crate name
-/// and version, read from its `Cargo.toml` at compile time.
+/// The [`Package`] this is written in: its name, crate name, version and
+/// description, read from its `Cargo.toml` at compile time.
 #[macro_export]
-macro_rules! service {
+macro_rules! package {
     () => {
-        $crate::Service {
+        $crate::Package {
             name: env!("CARGO_PKG_NAME"),
             crate_name: env!("CARGO_CRATE_NAME"),
             version: env!("CARGO_PKG_VERSION"),
+            description: env!("CARGO_PKG_DESCRIPTION"),
         }
     };
 }
@@ -236,7 +239,7 @@ macro_rules! service {
 /// ended and exported. Cloning is cheap.
 #[derive(Clone, Debug)]
 pub struct Traces {
-    service: Service,
+    package: Package,
     provider: SdkTracerProvider,
     counts: Arc<Counts>,
     url: String,
@@ -244,14 +247,14 @@ pub struct Traces {
 }
 
 impl Traces {
-    /// Starts exporting `service`'s traces as `config` says, or returns
+    /// Starts exporting `package`'s traces as `config` says, or returns
     /// `None` if it names no endpoint. Call with the runtime entered: the
     /// gRPC exporter's channel lives on it.
     ///
     /// # Errors
     /// [`TracesError`] if the exporter cannot be made, or the CA
     /// certificates named cannot be read.
-    pub fn start(config: &OtlpConfig, service: Service) -> Result<Option<Traces>, TracesError> {
+    pub fn start(config: &OtlpConfig, package: Package) -> Result<Option<Traces>, TracesError> {
         let protocol = config.protocol();
         let Some(url) = config.traces_url() else {
             return Ok(None);
@@ -272,7 +275,7 @@ impl Traces {
             }
         })?;
         let counts = Arc::new(Counts::default());
-        let resource = resource(service);
+        let resource = resource(package);
         // The provider would hand the resource to its processors; this one
         // is shared with the server spans ([`server`]), so it gets it here.
         let batch = batch::Batcher::start(
@@ -296,12 +299,12 @@ impl Traces {
             sampler: sdk.sampler,
             limits: sdk.span_limits,
             processor: batch,
-            scope: InstrumentationScope::builder(service.crate_name).build(),
+            scope: InstrumentationScope::builder(package.crate_name).build(),
             ids: RandomIdGenerator::default(),
         });
         ENABLED.store(true, Ordering::Relaxed);
         Ok(Some(Traces {
-            service,
+            package,
             provider,
             counts,
             url,
@@ -326,7 +329,7 @@ impl Traces {
         // No attributes for the code location, the target or the thread:
         // the same for every request, they would only add to each span.
         tracing_opentelemetry::layer()
-            .with_tracer(self.provider.tracer(self.service.crate_name))
+            .with_tracer(self.provider.tracer(self.package.crate_name))
             .with_tracked_inactivity(false)
             .with_location(false)
             .with_target(false)
@@ -426,7 +429,7 @@ fn flush_within(provider: &SdkTracerProvider, wait: Duration) -> Result<(), Stri
 
 /// The service as the collector sees it: `service.name` from the standard
 /// variables, or the package's name; its version.
-fn resource(service: Service) -> Resource {
+fn resource(package: Package) -> Resource {
     let service_name = opentelemetry::Key::from_static_str("service.name");
     let detected = Resource::builder().build();
     let named = detected
@@ -435,10 +438,10 @@ fn resource(service: Service) -> Resource {
     let builder = if named {
         Resource::builder()
     } else {
-        Resource::builder().with_service_name(service.name)
+        Resource::builder().with_service_name(package.name)
     };
     builder
-        .with_attribute(KeyValue::new("service.version", service.version))
+        .with_attribute(KeyValue::new("service.version", package.version))
         .build()
 }
 

@@ -17,11 +17,11 @@ use lameduck_handoff::Listeners;
 use lameduck_lifecycle::{Lifecycle, Report, LOG_TARGET};
 use lameduck_service::listen::{BindError, Listening};
 use lameduck_service::metrics::LifecycleCollector;
+use lameduck_service::{http, ServeArgs, Service, Start};
 use lameduck_writebehind::{OpenError, ReplayError};
 
 use crate::config::ServerConfig;
 use crate::counts::{self, Counts, CountsFile};
-use crate::http;
 
 /// How often the background worker logs that the service is alive.
 const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
@@ -59,18 +59,20 @@ pub(crate) struct App {
     config: ServerConfig,
 }
 
-impl App {
+/// What the template's `main` ([`lameduck_service::main`]) runs.
+impl Service for App {
+    type Config = ServerConfig;
+    type Error = StartupError;
+
     /// Binds the listeners (or serves the `inherited` ones, passed down by
     /// systemd or a predecessor), starts the worker, registers the
     /// finalizer and builds the routers.
-    ///
-    /// # Errors
-    /// A [`StartupError`] naming what failed.
-    pub(crate) async fn build(
-        config: ServerConfig,
-        mut lifecycle: Lifecycle,
-        inherited: Listeners,
-    ) -> Result<App, StartupError> {
+    async fn build(start: Start<ServerConfig>) -> Result<App, StartupError> {
+        let Start {
+            config,
+            mut lifecycle,
+            inherited,
+        } = start;
         let mut registry = Registry::with_prefix(env!("CARGO_CRATE_NAME"));
         LifecycleCollector::register(lifecycle.watch().metrics(), &mut registry);
         let greetings = Counter::<u64>::default();
@@ -128,21 +130,19 @@ impl App {
         })
     }
 
-    /// The longest a shutdown can take from the first signal to exit: lame
-    /// duck + drain timeout + the deadline's cleanup grace + workers and
-    /// finalizers + closing the admin listener. A supervisor's grace period
-    /// (`terminationGracePeriodSeconds`, `TimeoutStopSec`) must be longer.
-    ///
-    /// With traces on, the finalizers include their flush (`main` registers
-    /// it on the lifecycle before `build`), so its `TRACE_FLUSH_BUDGET` is
-    /// counted in `workers().budget()`: adding it here would count it twice.
-    pub(crate) fn shutdown_budget(&mut self) -> Duration {
+    fn serve_args(config: &ServerConfig) -> &ServeArgs {
+        &config.serve
+    }
+
+    /// With traces on, the finalizers include their flush (registered
+    /// before `build`), so it is counted in `workers().budget()`.
+    fn shutdown_budget(&mut self) -> Duration {
         self.config.serve.shutdown_budget(self.lifecycle.workers())
     }
 
     /// Serves until shutdown, drains, stops the worker and runs the
     /// finalizer.
-    pub(crate) async fn run(self) -> Report {
+    async fn run(self) -> Report {
         let Listening {
             public,
             admin,

@@ -1,28 +1,13 @@
 //! Command line and environment: every option is a flag and an environment
 //! variable, parsed once at startup. An invalid value ends the process before
-//! anything starts (exit code 2). The lifecycle's flags, and the
-//! `healthcheck` and `reload` subcommands, are the service crate's
+//! anything starts (exit code 2). The lifecycle's flags, logs and traces,
+//! and the `healthcheck` and `reload` subcommands, are the service crate's
 //! (`service/`); the rest are this service's own.
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser};
-use lameduck_service::{LogFormat, ServeArgs, StateDurability};
-
-use lameduck_traces::OtlpConfig;
-
-/// lameduck: an HTTP service that stops, restarts and rolls out under load
-/// without dropping a request.
-#[derive(Debug, Parser)]
-#[command(version, about, long_about = None)]
-pub(crate) struct Cli {
-    /// What to run.
-    #[command(subcommand)]
-    pub(crate) command: Command,
-}
-
-/// `server` with this service's options, `healthcheck` and `reload`.
-pub(crate) type Command = lameduck_service::Command<ServerConfig>;
+use clap::Args;
+use lameduck_service::{ServeArgs, StateDurability};
 
 /// How the server runs and how it shuts down.
 #[derive(Clone, Debug, Args)]
@@ -30,10 +15,6 @@ pub(crate) struct ServerConfig {
     /// Where it listens and how it serves, drains and shuts down.
     #[command(flatten)]
     pub(crate) serve: ServeArgs,
-
-    /// Log format (filter with `RUST_LOG`, default `info`).
-    #[arg(long, env = "LAMEDUCK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub(crate) log_format: LogFormat,
 
     /// Where the service keeps state of its own (`src/counts.rs`): its
     /// files, and the write-behind journal and spill files that keep what
@@ -54,23 +35,24 @@ pub(crate) struct ServerConfig {
     /// in memory only (every shutdown still keeps them).
     #[arg(long, env = "LAMEDUCK_STATE_DURABILITY", value_enum, default_value_t = StateDurability::Journal)]
     pub(crate) state_durability: StateDurability,
-
-    /// Traces, exported over OTLP when an endpoint is set (the standard
-    /// `OTEL_*` variables).
-    #[command(flatten)]
-    pub(crate) otlp: OtlpConfig,
 }
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Server {
+        #[command(flatten)]
+        config: ServerConfig,
+    }
 
     #[test]
     fn the_services_own_flags_parse_beside_the_lifecycles() {
-        let argv = [crate::NAME, "server", "--drain-delay", "250ms", "--state-durability", "memory"];
-        let Command::Server(config) = Cli::try_parse_from(argv).expect("parse").command else {
-            unreachable!("parsed the server subcommand")
-        };
+        let argv = ["lameduck", "--drain-delay", "250ms", "--state-durability", "memory"];
+        let config = Server::try_parse_from(argv).expect("parse").config;
         assert_eq!(config.serve.drain_delay.as_millis(), 250);
         assert_eq!(config.state_durability, StateDurability::Memory);
         assert_eq!(config.state_dir, PathBuf::from("state"));

@@ -1,4 +1,5 @@
-//! The HTTP surface around the service's own routes: liveness and
+//! An HTTP surface around a service's own routes, for a service that does
+//! not bring its own (the full example has a richer one): liveness and
 //! readiness, `/metrics`, JSON errors for unknown routes, and, with traces
 //! on, every public request's server span.
 
@@ -28,7 +29,7 @@ const REQUEST_ID: &str = "x-request-id";
 /// traces on, each request to the `api` (or to no route) runs in its server
 /// span ([`traced`]), and the probes, which a balancer sends every second
 /// or two, are left out; off, the layer is not there at all.
-pub(crate) fn public(api: Router, watch: Watch) -> Router {
+pub fn public(api: Router, watch: Watch) -> Router {
     if traces::enabled() {
         // `Router::layer` runs after routing: `MatchedPath` is known.
         let api = api.layer(middleware::from_fn(traced));
@@ -59,7 +60,7 @@ async fn traced(request: Request, next: Next) -> Response {
 }
 
 /// The admin listener's router: `/healthz`, `/readyz` and `/metrics`.
-pub(crate) fn admin(watch: Watch, registry: Arc<Registry>) -> Router {
+pub fn admin(watch: Watch, registry: Arc<Registry>) -> Router {
     probes(watch)
         .route("/metrics", get(metrics).with_state(registry))
         .fallback(not_found)

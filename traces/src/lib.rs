@@ -71,7 +71,9 @@ const MARGIN: Duration = Duration::from_millis(100);
 /// trace fields.
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
-/// `true` if this process exports traces.
+/// `true` if this process exports traces. Asked on every request and
+/// every `traced_span!`: inlined into the service's crate.
+#[inline]
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
@@ -79,6 +81,7 @@ pub fn enabled() -> bool {
 /// `true` if a span made now for traces only would be exported: traces
 /// are on, and no request not sampled is being polled here
 /// ([`server::Edge::enter`]).
+#[inline]
 pub fn wanted() -> bool {
     enabled() && server::polled_is_sampled()
 }

@@ -93,6 +93,7 @@ thread_local! {
 
 /// `true` unless the request being polled on this thread was not sampled:
 /// whether a span made now for traces only would be wasted.
+#[inline]
 pub(super) fn polled_is_sampled() -> bool {
     POLLED.try_with(Cell::get) != Ok(Polled::NotSampled)
 }
@@ -140,12 +141,14 @@ impl Edge {
     }
 
     /// `true` if the request is sampled: it has a server span.
+    #[inline]
     pub fn is_sampled(&self) -> bool {
         matches!(self, Edge::Sampled(_))
     }
 
     /// Records the answer's status, as the conventions say: the code, and a
     /// 5xx in error.
+    #[inline]
     pub fn answer(&mut self, status: u16) {
         if let Edge::Sampled(sampled) = self {
             sampled.answer(status);

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser};
+use clap::Args;
 use lameduck_service::cli::parse_positive_duration;
 pub use lameduck_service::cli::{
     HealthcheckConfig, ReloadConfig, ServeArgs, Spread, StateDurability,
@@ -16,15 +16,9 @@ pub use crate::telemetry::traces::OtlpConfig;
 pub use crate::telemetry::LogFormat;
 use crate::tls::TlsFiles;
 
-/// lameduck: an HTTP service that stops, restarts and rolls out under load
-/// without dropping a request or losing a byte.
-#[derive(Debug, Parser)]
-#[command(version, about, long_about = None)]
-pub struct Cli {
-    /// What to run.
-    #[command(subcommand)]
-    pub command: Command,
-}
+/// The command line, as `lameduck_service::main` parses it: for the tests
+/// and the load harness, which build a [`ServerConfig`] from arguments.
+pub type Cli = lameduck_service::Cli<ServerConfig>;
 
 /// The subcommands: `server` with this service's options, and the
 /// `healthcheck` and `reload` every service has.
@@ -157,6 +151,8 @@ impl ServerConfig {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
 
     fn server(args: &[&str]) -> Result<ServerConfig, clap::Error> {

@@ -14,4 +14,4 @@ pub use cli::{Command, HealthcheckConfig, LogFormat, ReloadConfig, ServeArgs, St
 pub use exit::Exit;
 pub use listen::{ListenAddr, Socket};
 pub use pid_file::PidFile;
-pub use run::{main, Service, Start};
+pub use run::{main, Cli, Service, Start};

@@ -79,11 +79,14 @@ pub struct Start<C> {
     pub inherited: Listeners,
 }
 
-/// The command line: the three subcommands around `C`.
+/// The command line: the three subcommands around `C`. [`main`] names it
+/// after the service's package; tests and tools that build a service's
+/// options from arguments parse it as it is.
 #[derive(Debug, Parser)]
-struct Cli<C: Args> {
+pub struct Cli<C: Args> {
+    /// What to run.
     #[command(subcommand)]
-    command: Command<C>,
+    pub command: Command<C>,
 }
 
 /// Runs the service `S` of `package` (its name, version and description

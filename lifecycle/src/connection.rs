@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{CloseReason, LifecycleMetrics, Protocol};
 use crate::stage::Facts;
-use crate::Watch;
+use crate::{Phase, Watch};
 
 /// The client preface that opens every HTTP/2 connection.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -148,14 +148,15 @@ impl ConnState {
         CloseReason::from_u8(self.told.load(Acquire)).filter(|&why| why != CloseReason::Client)
     }
 
-    /// Whether a response made now should close the connection (HTTP/1:
-    /// `Connection: close`; HTTP/2: GOAWAY), given whether shutdown has
-    /// begun; records the drain as the reason when it is one.
-    pub(crate) fn should_close(&self, shutting_down: bool) -> bool {
+    /// Whether a response made in `phase` should close the connection
+    /// (HTTP/1: `Connection: close`; HTTP/2: GOAWAY); records the drain as
+    /// the reason when it is one. From the drain on, every response does,
+    /// whether or not the connection's task has seen the drain yet.
+    pub(crate) fn should_close(&self, phase: Phase) -> bool {
         if self.told().is_some() {
             return true;
         }
-        let close = shutting_down && self.close_at_signal;
+        let close = phase >= Phase::Draining || (phase > Phase::Running && self.close_at_signal);
         if close {
             self.tell(CloseReason::Drain);
         }
@@ -428,6 +429,24 @@ mod tests {
             conn.answer_ready();
             drop(stream);
         }
+    }
+
+    // A response made once the listener closed says so, though the
+    // connection's task (queued behind the one that started the drain, or
+    // its moment in the spread not come) has not told it yet: its client
+    // would otherwise reuse a connection about to close.
+    #[test]
+    fn from_the_drain_on_every_response_closes_its_connection() {
+        let gradual = ConnState::new(&LifecycleMetrics::default(), false);
+        assert!(!gradual.should_close(Phase::Running));
+        assert!(!gradual.should_close(Phase::LameDuck), "its moment decides");
+        assert_eq!(gradual.told(), None);
+        assert!(gradual.should_close(Phase::Draining));
+        assert_eq!(gradual.told(), Some(CloseReason::Drain));
+
+        let immediate = conn();
+        assert!(!immediate.should_close(Phase::Running));
+        assert!(immediate.should_close(Phase::LameDuck));
     }
 
     // The idle deadline counts from the end of the last request, to the

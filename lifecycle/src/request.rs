@@ -23,7 +23,7 @@ use tower::ServiceExt;
 use tracing::Instrument;
 
 use crate::connection::{BusyGuard, ConnState};
-use crate::Watch;
+use crate::{Phase, Watch};
 
 /// The cancellation scope of one request: a handler takes it as an
 /// extractor (feature `axum`), or asks [`RequestScope::current`].
@@ -155,12 +155,12 @@ struct InFlight {
 }
 
 impl InFlight {
-    /// The response head is out: ends the in-flight count. `true` if the
-    /// shutdown had begun.
-    fn answer(mut self) -> bool {
-        let shutting_down = self.shutdown.is_triggered();
-        self.answered = Some(shutting_down);
-        shutting_down
+    /// The response head is out: ends the in-flight count. The phase it
+    /// was made in.
+    fn answer(mut self) -> Phase {
+        let phase = self.shutdown.answering_in();
+        self.answered = Some(phase > Phase::Running);
+        phase
     }
 }
 
@@ -219,7 +219,7 @@ where
         let http2 = request.version() == Version::HTTP_2;
         if let Some(conn) = &self.conn {
             conn.observe(request.version());
-            if http2 && conn.should_close(self.shutdown.is_triggered()) {
+            if http2 && conn.should_close(self.shutdown.answering_in()) {
                 conn.goaway.cancel();
             }
         }
@@ -280,7 +280,8 @@ where
             return Poll::Pending;
         }
         let Ok(mut response) = ready!(this.inner.poll(cx));
-        let shutting_down = this.in_flight.take().is_some_and(InFlight::answer);
+        let in_flight = this.in_flight.take();
+        let phase = in_flight.map_or(Phase::Running, InFlight::answer);
         let busy = this.busy.take();
         if let Some(BusyGuard(conn)) = busy.as_ref().filter(|_| *this.http2) {
             conn.answer_ready();
@@ -288,8 +289,8 @@ where
         // HTTP/2 was told at the request (GOAWAY): nothing to add here.
         let close = !*this.http2
             && match &busy {
-                Some(BusyGuard(conn)) => conn.should_close(shutting_down),
-                None => shutting_down,
+                Some(BusyGuard(conn)) => conn.should_close(phase),
+                None => phase > Phase::Running,
             };
         if close {
             response

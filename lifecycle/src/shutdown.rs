@@ -308,6 +308,13 @@ impl Watch {
         self.timeline.metrics.phase()
     }
 
+    /// The phase a response made now is made in: `LameDuck` from the
+    /// trigger on (its reason is set a moment before the phase moves).
+    pub(crate) fn answering_in(&self) -> Phase {
+        let triggered = self.is_triggered().then_some(Phase::LameDuck);
+        self.phase().max(triggered.unwrap_or(Phase::Running))
+    }
+
     /// The tracker that the drain waits on. Work spawned on it delays the
     /// drain until it finishes (or the deadline abandons it).
     pub fn tracker(&self) -> &TaskTracker {

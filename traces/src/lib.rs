@@ -50,7 +50,10 @@ pub fn logged<S>() -> impl tracing_subscriber::layer::Filter<S> {
 /// requests ([`ServerSpan`]'s), whose traces are their server spans.
 pub fn exported<S>() -> impl tracing_subscriber::layer::Filter<S> {
     use tracing_subscriber::filter::{filter_fn, FilterExt};
-    Traces::FILTER.and(filter_fn(|metadata| !server::is_log_span(metadata)))
+    // Any level, as far as the closure goes: `and` keeps a hint only if
+    // both sides give one, and the level is `FILTER`'s.
+    let not_a_log_span = filter_fn(|metadata| !server::is_log_span(metadata));
+    Traces::FILTER.and(not_a_log_span.with_max_level_hint(LevelFilter::TRACE))
 }
 
 /// How long the last finalizer may take to export the spans still in the
@@ -512,6 +515,29 @@ mod tests {
         assert_eq!(both.protocol(), OtlpProtocol::HttpProtobuf);
         let url = both.traces_url();
         assert_eq!(url.as_deref(), Some("http://collector:4318/v1/traces"));
+    }
+
+    // With traces on, the logs' filter and the exporter's each say the most
+    // they let through: without it the subscriber's hint is none, every
+    // `debug!` and `trace!` of every crate (and `log`'s, through its
+    // maximum level) is asked about at run time, and the SQL driver formats
+    // each query for a line nobody writes.
+    #[test]
+    fn with_traces_on_the_level_is_still_bounded_by_rust_log_and_the_exports() {
+        use tracing_subscriber::filter::{EnvFilter, FilterExt};
+        use tracing_subscriber::layer::SubscriberExt;
+
+        let subscriber = |rust_log: &str| {
+            let logs = tracing_subscriber::fmt::layer().with_writer(std::io::sink);
+            let exports = tracing_subscriber::fmt::layer().with_writer(std::io::sink);
+            tracing_subscriber::registry()
+                .with(logs.with_filter(EnvFilter::new(rust_log).and(logged())))
+                .with(exports.with_filter(exported()))
+        };
+        assert_eq!(subscriber("info").max_level_hint(), Some(LevelFilter::INFO));
+        assert_eq!(subscriber("warn").max_level_hint(), Some(Traces::FILTER));
+        let debug = subscriber("info,my_service=debug").max_level_hint();
+        assert_eq!(debug, Some(LevelFilter::DEBUG));
     }
 
     #[test]

@@ -23,6 +23,8 @@ use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, TrustAnchor};
 use rustls::RootCertStore;
 use tonic::transport::ClientTlsConfig;
+use tracing::subscriber::Interest;
+use tracing_subscriber::filter::LevelFilter;
 
 use super::export::ExporterError;
 
@@ -191,6 +193,21 @@ fn failed(step: &str, error: &dyn std::error::Error) -> ExporterError {
 pub(super) struct VerifierErrors;
 
 impl<S> tracing_subscriber::layer::Filter<S> for VerifierErrors {
+    // Said, so that the filter it is `and`ed with keeps its hint and its
+    // cached interest: every level, and every callsite but an error's
+    // always (an error's is decided at each event).
+    fn callsite_enabled(&self, metadata: &'static tracing::Metadata<'static>) -> Interest {
+        if *metadata.level() == tracing::Level::ERROR {
+            Interest::sometimes()
+        } else {
+            Interest::always()
+        }
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(LevelFilter::TRACE)
+    }
+
     fn enabled(
         &self,
         _: &tracing::Metadata<'_>,

@@ -5,7 +5,7 @@
 #
 # Groups (default: all of them):
 #   postgres  PostgreSQL server binaries (initdb, pg_ctl, postgres) and psql,
-#             for the throwaway clusters in tests/support/postgres.rs
+#             for the throwaway clusters in testkit/src/postgres.rs
 #   haproxy   haproxy, for the load harness smoke test
 #   docker    debootstrap, to build local base images for the container tests
 #   lint      hadolint and kubernetes-validate (from pip)

@@ -29,19 +29,19 @@
 //! 127.0.0.1 and, between containers, within the test's network; every loop
 //! is bounded in count and time.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command as StdCommand, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::Command;
 use tokio::sync::OnceCell;
+
+use lameduck_testkit::binary::{assert_kill_bound, create_link, KeptAliveClients};
+use lameduck_testkit::traffic::{Kind, Plan};
 
 /// The tag the test builds the Dockerfile under (re-used run after run).
 const IMAGE: &str = "lameduck:container-test";
@@ -853,63 +853,6 @@ backend apps
     )
 }
 
-#[derive(Default)]
-struct Traffic {
-    ok: AtomicU64,
-    failed: AtomicU64,
-    failures: Mutex<Vec<String>>,
-    stop: AtomicBool,
-}
-
-/// Upper bounds of the traffic, whatever happens.
-const MAX_REQUESTS: u64 = 100_000;
-const MAX_TRAFFIC_TIME: Duration = Duration::from_secs(240);
-const WORKERS: usize = 4;
-
-async fn send_traffic(traffic: Arc<Traffic>, http: reqwest::Client, url: String, worker: usize) {
-    let start = Instant::now();
-    let mut n = 0u64;
-    while !traffic.stop.load(Ordering::Relaxed)
-        && start.elapsed() < MAX_TRAFFIC_TIME
-        && traffic.ok.load(Ordering::Relaxed) + traffic.failed.load(Ordering::Relaxed)
-            < MAX_REQUESTS
-    {
-        n += 1;
-        let body =
-            serde_json::json!({ "url": format!("https://example.com/rolling/{worker}/{n}") });
-        let outcome = match http.post(&url).json(&body).send().await {
-            Ok(response) if response.status() == reqwest::StatusCode::CREATED => {
-                match response.bytes().await {
-                    Ok(_) => Ok(()),
-                    Err(e) => Err(format!("reading the body: {e}")),
-                }
-            }
-            Ok(response) => {
-                let status = response.status();
-                Err(format!(
-                    "{status}: {}",
-                    response.text().await.unwrap_or_default()
-                ))
-            }
-            Err(e) => Err(format!("{e:?}")),
-        };
-        match outcome {
-            Ok(()) => {
-                traffic.ok.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => {
-                traffic.failed.fetch_add(1, Ordering::Relaxed);
-                let mut failures = traffic.failures.lock().expect("failure list");
-                if failures.len() < 20 {
-                    failures.push(format!("{:.2?} worker {worker}: {e}", start.elapsed()));
-                }
-            }
-        }
-        // Steady, bounded load: a few hundred requests a second in all.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_replacement_behind_a_load_balancer_drops_no_request() {
     let Some(_turn) = take_turn().await else {
@@ -968,25 +911,18 @@ async fn rolling_replacement_behind_a_load_balancer_drops_no_request() {
     wait_server_up(admin, "slot2", Duration::from_secs(15)).await;
     println!("HAProxy up with {a1} and {a2} behind it");
 
-    // Constant traffic through the load balancer.
-    let traffic = Arc::new(Traffic::default());
-    let url = format!("http://{front}/api/links");
-    let workers: Vec<_> = (0..WORKERS)
-        .map(|worker| {
-            tokio::spawn(send_traffic(
-                traffic.clone(),
-                http.clone(),
-                url.clone(),
-                worker,
-            ))
-        })
-        .collect();
+    // Constant traffic through the load balancer: links created by four
+    // clients keeping their connections, a few hundred a second in all.
+    let traffic = Plan::creating_links(front)
+        .clients(&[Kind::KeepAlive], 4)
+        .pause(Duration::from_millis(5))
+        .start();
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     for (old, old_slot, label, new_slot) in
         [(&a1, "slot1", "b1", "slot3"), (&a2, "slot2", "b2", "slot4")]
     {
-        let before = traffic.ok.load(Ordering::Relaxed);
+        let before = traffic.answered();
         // 1. The new app, healthy.
         let new = start_app(&resources, &network, label, drain_delay).await;
         let healthy = wait_healthy(&new, Duration::from_secs(60)).await;
@@ -1037,21 +973,15 @@ async fn rolling_replacement_behind_a_load_balancer_drops_no_request() {
         println!(
             "replaced {old} by {new}: healthy in {healthy:.1?}, up in HAProxy {up:.1?} later; \
              old one out of HAProxy {taken_out:.1?} after SIGTERM, exited 0 after {stopped:.1?}; \
-             {} requests served meanwhile, {} failed so far",
-            traffic.ok.load(Ordering::Relaxed) - before,
-            traffic.failed.load(Ordering::Relaxed)
+             {} requests served meanwhile",
+            traffic.answered() - before,
         );
     }
 
-    traffic.stop.store(true, Ordering::Relaxed);
-    for worker in workers {
-        worker.await.expect("traffic worker");
-    }
-    let ok = traffic.ok.load(Ordering::Relaxed);
-    let failed = traffic.failed.load(Ordering::Relaxed);
+    let tally = tokio::task::block_in_place(|| traffic.finish());
     let per_server = haproxy_servers(admin).await;
     println!(
-        "rolling replacement: {ok} requests succeeded, {failed} failed, in {:.1?}; per server: {}",
+        "rolling replacement in {:.1?}:\n{tally}\nper server: {}",
         test_start.elapsed(),
         per_server
             .iter()
@@ -1059,12 +989,8 @@ async fn rolling_replacement_behind_a_load_balancer_drops_no_request() {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    assert_eq!(
-        failed,
-        0,
-        "requests failed during the rolling replacement:\n{}",
-        traffic.failures.lock().expect("failure list").join("\n")
-    );
+    tally.assert_none_failed("the rolling replacement");
+    let ok = tally.answered();
     assert!(
         ok >= 200,
         "too little traffic to mean anything: {ok} requests"
@@ -1251,10 +1177,10 @@ async fn the_oom_killer_loses_no_answered_hit() {
     )
     .await;
     let codes: Vec<String> = (0..CODES)
-        .map(|n| support::binary::create_link(addr, &format!("https://example.com/oom-{n}")))
+        .map(|n| create_link(addr, &format!("https://example.com/oom-{n}")))
         .collect();
 
-    let clients = support::binary::KeptAliveClients::start(addr, &codes, 4);
+    let clients = KeptAliveClients::start(addr, &codes, 4);
     let warm = Instant::now();
     while clients.answered() < 500 {
         assert!(warm.elapsed() < Duration::from_secs(60), "too slow");
@@ -1301,7 +1227,7 @@ async fn the_oom_killer_loses_no_answered_hit() {
     }
     docker(&["stop", &name]).await;
     assert_eq!(inspect(&name, "{{.State.ExitCode}}").await, "0");
-    support::binary::assert_kill_bound(stored, answered, cut);
+    assert_kill_bound(stored, answered, cut);
     println!(
         "OOM kill after {uploads} uploads: {answered} redirects answered, {cut} cut, {stored} hits stored"
     );

@@ -23,13 +23,11 @@
 //! the tests say so in one line and pass without checking anything.
 //! Every container is removed at the end, also when a test fails.
 
-mod support;
-
 use std::io::Write;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -37,9 +35,10 @@ use std::time::{Duration, Instant};
 use sqlx::sqlite::SqliteConnection;
 use sqlx::Connection;
 
-use support::binary::{
-    connect, finish_slow_post, get, read_response, request, start_slow_post, tempdir, BINARY,
+use lameduck_testkit::binary::{
+    binary, connect, finish_slow_post, get, read_response, request, start_slow_post, tempdir,
 };
+use lameduck_testkit::traffic::Plan;
 
 /// The image `scripts/docker-base-images.sh systemd` makes.
 const IMAGE: &str = "stand-in/systemd:bookworm";
@@ -221,7 +220,7 @@ impl Machine {
     /// socket listens on every address of the container (a drop-in, the
     /// way to change where a unit listens without editing it).
     fn install(&self) {
-        self.copy_in(Path::new(BINARY), &format!("/usr/local/bin/{NAME}"));
+        self.copy_in(Path::new(binary()), &format!("/usr/local/bin/{NAME}"));
         let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/systemd");
         for unit in [format!("{NAME}.service"), format!("{NAME}.socket")] {
             self.copy_in(&units.join(&unit), &format!("/etc/systemd/system/{unit}"));
@@ -283,98 +282,6 @@ fn wait_ready(admin: SocketAddr) {
         }
         assert!(Instant::now() < deadline, "{admin} never turned ready");
         thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Redirects of one link, on a new connection each and on one kept alive,
-/// from a thread of its own until stopped: every answer that is not a 307,
-/// and every connection error, is a failure.
-struct Traffic {
-    stop: Arc<AtomicBool>,
-    redirects: Arc<AtomicU64>,
-    failures: Arc<Mutex<Vec<String>>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Traffic {
-    fn start(addr: SocketAddr, code: &str) -> Traffic {
-        let stop = Arc::new(AtomicBool::new(false));
-        let redirects = Arc::new(AtomicU64::new(0));
-        let failures = Arc::new(Mutex::new(Vec::new()));
-        let path = format!("/{code}");
-        let thread = thread::spawn({
-            let (stop, redirects, failures) = (
-                Arc::clone(&stop),
-                Arc::clone(&redirects),
-                Arc::clone(&failures),
-            );
-            move || {
-                let mut kept: Option<TcpStream> = None;
-                while !stop.load(Ordering::Acquire) {
-                    // A new connection each time: a refused or reset one shows.
-                    let fresh = TcpStream::connect_timeout(&addr, PATIENCE)
-                        .map_err(|e| e.to_string())
-                        .and_then(|mut stream| {
-                            stream
-                                .set_read_timeout(Some(PATIENCE))
-                                .map_err(|e| e.to_string())?;
-                            get(&mut stream, &path).map_err(|e| e.to_string())
-                        });
-                    // And one kept alive until the server says close.
-                    let stream = kept.get_or_insert_with(|| connect(addr));
-                    let alive = get(stream, &path).map_err(|e| e.to_string());
-                    if alive.as_ref().is_ok_and(|r| r.closes_connection()) || alive.is_err() {
-                        kept = None;
-                    }
-                    for (which, answer) in [("new connection", fresh), ("kept alive", alive)] {
-                        match answer {
-                            Ok(response) if response.status == 307 => {
-                                redirects.fetch_add(1, Ordering::AcqRel);
-                            }
-                            Ok(response) => failures
-                                .lock()
-                                .expect("failures")
-                                .push(format!("{which}: {}", response.status)),
-                            Err(error) => failures
-                                .lock()
-                                .expect("failures")
-                                .push(format!("{which}: {error}")),
-                        }
-                    }
-                    thread::sleep(Duration::from_millis(10));
-                }
-            }
-        });
-        Traffic {
-            stop,
-            redirects,
-            failures,
-            thread: Some(thread),
-        }
-    }
-
-    /// Stops; returns the redirects answered, and panics on any failure.
-    fn finish(mut self, during: &str) -> u64 {
-        self.stop.store(true, Ordering::Release);
-        self.thread
-            .take()
-            .expect("once")
-            .join()
-            .expect("the traffic");
-        let failures = self.failures.lock().expect("failures").clone();
-        assert!(
-            failures.is_empty(),
-            "{} requests failed during {during}: {:?}",
-            failures.len(),
-            &failures[..failures.len().min(20)]
-        );
-        self.redirects.load(Ordering::Acquire)
-    }
-}
-
-impl Drop for Traffic {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
     }
 }
 
@@ -450,7 +357,9 @@ fn systemctl_reload_upgrades_in_place_and_tells_the_truth_and_stop_keeps_every_h
     };
     machine.install();
     let code = a_link(machine.http);
-    let traffic = Traffic::start(machine.http, &code);
+    // Redirects of the link, on a new connection each and on one kept
+    // alive: every answer that is not a 307 is a failure.
+    let traffic = Plan::redirects(machine.http, &code).start();
 
     let mut pids = vec![machine.main_pid()];
     let mut took = Vec::new();
@@ -510,7 +419,9 @@ fn systemctl_reload_upgrades_in_place_and_tells_the_truth_and_stop_keeps_every_h
     // Stop right after a reload, its predecessor still draining a request.
     let held = hold_a_request(machine.http, Duration::from_secs(2));
     took.push(machine.reload());
-    let redirects = traffic.finish("the reloads");
+    let tally = traffic.finish();
+    tally.assert_none_failed("the reloads");
+    let redirects = tally.answered();
     machine.systemctl(&["stop", &unit(), &format!("{NAME}.socket")]);
     assert_eq!(
         held.join().expect("held request"),

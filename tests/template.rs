@@ -14,8 +14,6 @@
 //! `<target>/template-gen`, so their dependencies compile once: the first
 //! run takes minutes, later ones much less. Every wait is bounded.
 
-mod support;
-
 use std::ffi::OsString;
 use std::fs::File;
 use std::net::SocketAddr;
@@ -28,7 +26,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
-use support::binary::{request, Process, START_TIMEOUT};
+use lameduck_testkit::binary::{request, Process, START_TIMEOUT};
 
 /// The checkout: the template.
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
@@ -89,7 +87,7 @@ fn the_full_example_generates_and_passes_its_own_test_command() {
     let root = generated.root();
 
     // The example domain and its harness come along; the template does not.
-    for kept in ["src/links", "migrations", "load", "tests/support/binary.rs"] {
+    for kept in ["src/links", "migrations", "load", "testkit/src/binary.rs"] {
         assert!(root.join(kept).exists(), "{kept} is missing");
     }
     for gone in [
@@ -287,7 +285,7 @@ impl Generated {
         if self.example {
             // A type named after the service.
             assert!(self
-                .read("tests/support/binary.rs")
+                .read("testkit/src/binary.rs")
                 .contains(&format!("pub struct {PASCAL}Process")));
         }
 

@@ -83,5 +83,5 @@ pub fn metric(name: &str) -> String {
     format!("{}_{name}", lameduck::CRATE_NAME)
 }
 
-#[path = "../../tests/support/postgres.rs"]
-mod postgres;
+/// The tests' throwaway PostgreSQL cluster, from the test kit.
+use lameduck_testkit::postgres;

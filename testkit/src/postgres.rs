@@ -19,10 +19,6 @@
 //!
 //! All calls block (they run `pg_ctl` and friends), and every wait is bounded.
 
-// Each test binary uses a different part of this module, and `pub` here means
-// "for the tests", not "exported".
-#![allow(dead_code, unreachable_pub)]
-
 use std::env;
 use std::ffi::OsStr;
 use std::fmt;
@@ -205,7 +201,7 @@ impl PgCluster {
         // Only the port is passed per start, since a start may need a new one.
         let socket_dir = self.dir.path().to_string_lossy().replace('\'', "''");
         let settings = format!(
-            "\n# Added by tests/support/postgres.rs\n\
+            "\n# Added by testkit/src/postgres.rs\n\
              listen_addresses = '127.0.0.1'\n\
              unix_socket_directories = '{socket_dir}'\n\
              max_connections = 100\n\

@@ -2,8 +2,6 @@
 //! cluster) and SQLite: a client that hangs up must leave no row, no open
 //! transaction and no discarded connection behind.
 
-mod support;
-
 use std::future::Future;
 use std::net::SocketAddr;
 use std::task::Poll;
@@ -25,9 +23,9 @@ use lameduck::exit::Exit;
 use lameduck::lifecycle::{self, DrainOutcome, Lifecycle, Scoped, ServeConfig, Shutdown};
 use lameduck::storage::{Storage, StorageMetrics, StoredLink};
 use lameduck::App;
+use lameduck_testkit::postgres::PgCluster;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
-use support::postgres::PgCluster;
 use tempfile::TempDir;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;

@@ -19,39 +19,31 @@
 //! `scripts/test` turns on): a critical worker that panics and a finalizer
 //! that hangs.
 
-mod support;
-
 use std::fs;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::thread::{self, JoinHandle};
+use std::thread::{self};
 use std::time::{Duration, Instant};
 
 use lameduck::exit::Exit;
 use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use tempfile::TempDir;
 
-use support::binary::{
+use lameduck_testkit::binary::{
     create_link, finish_slow_post, metric, metrics, request, start_slow_post, wait_metric,
     LameduckProcess,
 };
-use support::otlp::{self, Behaviour, Protocol, Receiver};
-use support::postgres::PgCluster;
+use lameduck_testkit::otlp::{self, Behaviour, Protocol, Receiver};
+use lameduck_testkit::postgres::PgCluster;
+use lameduck_testkit::traffic::{Kind, Plan, Tally, Traffic};
 
 /// Bound on anything that should take well under a second or two: a log
 /// line, an exit, a successor's start. Reaching it is a failure.
 const PATIENCE: Duration = Duration::from_secs(30);
-
-/// The longest one row's traffic runs; it stops by itself.
-const TRAFFIC_LIMIT: Duration = Duration::from_secs(60);
-
-/// At most this many redirects per row.
-const TRAFFIC_MAX_REQUESTS: u64 = 20_000;
 
 /// Pause between two redirects of the traffic thread: enough to leave the
 /// server's core to the server on this 2-core machine.
@@ -220,7 +212,7 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
         FinalizerOverBudget => "close-database-pool-hangs=return",
         _ => "",
     };
-    // The rows whose spans no other test holds (tests/traces.rs has the
+    // The rows whose spans no other test holds (tests/it/traces.rs has the
     // rest) run traced, each batch held until the exit or until it is full.
     let receiver = traced(way).then(|| Receiver::start(Protocol::Grpc, Behaviour::Answer));
     let mut envs = vec![("FAILPOINTS", failpoints.to_owned())];
@@ -231,7 +223,7 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let mut server = LameduckProcess::start_exe(binary.path(), &args.as_strs(), &envs);
     // A spill directory that cannot be written fails the start (tested in
-    // tests/state.rs), so it turns unwritable while the process runs, as
+    // tests/it/state.rs), so it turns unwritable while the process runs, as
     // a disk fills up or a volume goes away.
     if let DiskFullJournaled(Room::ForTheJournal) = way {
         // The flusher makes the journal's segments as it starts.
@@ -244,7 +236,13 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
     spill.make_unwritable();
     let addr = server.addr();
     let code = create_link(addr, "https://example.com/way-out");
-    let traffic = Traffic::start(addr, &code);
+    // Redirects on a new connection each, one after the other, until
+    // stopped or until the listener closes.
+    let traffic = Plan::redirects(addr, &code)
+        .clients(&[Kind::NewConnection], 1)
+        .pause(TRAFFIC_PACE)
+        .until_closed()
+        .start();
     traffic.wait_for(WARM_UP_HITS);
 
     let answered = leave(way, &mut server, traffic, cluster.as_ref(), &binary, &data);
@@ -337,7 +335,7 @@ fn way_out(database: Database, way: Way, exit: Exit, kept: Kept) {
 /// at the exit.
 const HELD: &str = "600000";
 
-/// Whether `way` runs traced: the rows whose spans `tests/traces.rs` does
+/// Whether `way` runs traced: the rows whose spans `tests/it/traces.rs` does
 /// not already follow (the README's ways-out rows without a ²).
 fn traced(way: Way) -> bool {
     matches!(
@@ -385,6 +383,12 @@ fn assert_every_span_flushed(way: Way, receiver: &Receiver, answered: u64, logs:
     );
 }
 
+/// The redirects answered 307; every other answer fails the row.
+fn answered(tally: Tally) -> u64 {
+    tally.assert_none_failed("the way out");
+    tally.answered()
+}
+
 /// Takes the process out the way the row says; returns the redirects
 /// answered 307, with the traffic stopped.
 fn leave(
@@ -398,7 +402,7 @@ fn leave(
     let pg = || cluster.expect("a PostgreSQL row");
     match way {
         SigtermIdle | Sigint | FinalizerOverBudget => {
-            let answered = traffic.stop();
+            let answered = answered(traffic.finish());
             server.signal(if matches!(way, Sigint) {
                 SIGINT
             } else {
@@ -412,18 +416,18 @@ fn leave(
             server.signal(SIGTERM);
             await_log(server, "listener closed; draining");
             finish_slow_post(&mut held);
-            traffic.join()
+            answered(traffic.join())
         }
         Deadline => {
             let _held = start_slow_post(server.addr());
             server.wait_in_flight(1);
             server.signal(SIGTERM);
-            let answered = traffic.join();
+            let answered = answered(traffic.join());
             await_log(server, "shutdown timeout passed");
             answered
         }
         DeadlineDatabaseDown => {
-            let answered = traffic.stop();
+            let answered = answered(traffic.finish());
             let _held = start_slow_post(server.addr());
             server.wait_in_flight(1);
             pg().stop();
@@ -437,7 +441,7 @@ fn leave(
             // Traffic keeps being answered during the lame duck.
             let before = traffic.answered();
             traffic.wait_for(before + 20);
-            let answered = traffic.stop();
+            let answered = answered(traffic.finish());
             server.signal(second);
             answered
         }
@@ -446,12 +450,12 @@ fn leave(
             server.wait_in_flight(1);
             server.signal(SIGTERM);
             await_log(server, "listener closed; draining");
-            let answered = traffic.join();
+            let answered = answered(traffic.join());
             server.signal(second);
             answered
         }
         SecondSignalInFinalFlush(second) => {
-            let answered = traffic.stop();
+            let answered = answered(traffic.finish());
             pg().stop();
             server.signal(SIGTERM);
             await_log(server, "final flush failed; retrying");
@@ -459,7 +463,7 @@ fn leave(
             answered
         }
         DatabaseDownAtShutdown | SpillImpossible(DiskFull) | DiskFullJournaled(_) => {
-            let answered = traffic.stop();
+            let answered = answered(traffic.finish());
             if let DiskFullJournaled(room) = way {
                 // Every answered hit is in the journal, or counted as not.
                 let (journaled, unjournaled) = match room {
@@ -485,14 +489,14 @@ fn leave(
         SpillImpossible(ReadOnly | Missing) => {
             server.signal(SIGTERM);
             await_log(server, "lame duck: ");
-            let answered = traffic.stop();
+            let answered = answered(traffic.finish());
             server.signal(SIGINT);
             answered
         }
         CriticalWorkerPanic => {
             // The flusher panics at its first tick; the shutdown it starts
             // closes the listener, which ends the traffic.
-            let answered = traffic.join();
+            let answered = answered(traffic.join());
             await_log(server, "critical worker failed; shutting down");
             answered
         }
@@ -505,7 +509,7 @@ fn leave(
             assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
             let before = traffic.answered();
             traffic.wait_for(before + 20);
-            let answered = traffic.stop();
+            let answered = answered(traffic.finish());
             kill(successor, SIGTERM).expect("SIGTERM to the successor");
             wait_gone(successor);
             answered
@@ -516,83 +520,10 @@ fn leave(
             await_log(server, "upgrade failed; this process keeps serving");
             let before = traffic.answered();
             traffic.wait_for(before + 20);
-            let answered = traffic.stop();
+            let answered = answered(traffic.finish());
             server.signal(SIGTERM);
             answered
         }
-    }
-}
-
-// === traffic ===
-
-/// Redirects on fresh connections, one after the other, until stopped or
-/// refused; counts the 307s received in full.
-struct Traffic {
-    answered: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    thread: JoinHandle<()>,
-}
-
-impl Traffic {
-    fn start(addr: SocketAddr, code: &str) -> Traffic {
-        let answered = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let path = format!("/{code}");
-        let thread = thread::spawn({
-            let (answered, stop) = (Arc::clone(&answered), Arc::clone(&stop));
-            move || {
-                let started = Instant::now();
-                for _ in 0..TRAFFIC_MAX_REQUESTS {
-                    if stop.load(Ordering::Acquire) || started.elapsed() > TRAFFIC_LIMIT {
-                        return;
-                    }
-                    match request(addr, "GET", &path, None) {
-                        Ok(response) if response.status == 307 => {
-                            answered.fetch_add(1, Ordering::AcqRel);
-                        }
-                        Ok(response) => panic!("a redirect answered {response:?}"),
-                        // The listener closed: the way out is under way.
-                        Err(_) => return,
-                    }
-                    thread::sleep(TRAFFIC_PACE);
-                }
-            }
-        });
-        Traffic {
-            answered,
-            stop,
-            thread,
-        }
-    }
-
-    fn answered(&self) -> u64 {
-        self.answered.load(Ordering::Acquire)
-    }
-
-    /// Waits until `n` redirects were answered.
-    fn wait_for(&self, n: u64) {
-        let deadline = Instant::now() + PATIENCE;
-        while self.answered() < n {
-            assert!(
-                !self.thread.is_finished() && Instant::now() < deadline,
-                "traffic stalled at {} of {n} redirects",
-                self.answered()
-            );
-            thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// Stops the traffic (the request under way finishes) and returns the
-    /// redirects answered.
-    fn stop(self) -> u64 {
-        self.stop.store(true, Ordering::Release);
-        self.join()
-    }
-
-    /// Waits for the traffic to end on its own (the listener closed).
-    fn join(self) -> u64 {
-        self.thread.join().expect("the traffic thread panicked");
-        self.answered.load(Ordering::Acquire)
     }
 }
 
@@ -643,13 +574,13 @@ impl Binary {
         }
         let dir = TempDir::new().expect("tempdir");
         let exe = dir.path().join("lameduck");
-        fs::copy(support::binary::BINARY, &exe).expect("copy the binary");
+        fs::copy(lameduck_testkit::binary::binary(), &exe).expect("copy the binary");
         Binary::Copy { exe, _dir: dir }
     }
 
     fn path(&self) -> &Path {
         match self {
-            Binary::Cargo => Path::new(support::binary::BINARY),
+            Binary::Cargo => Path::new(lameduck_testkit::binary::binary()),
             Binary::Copy { exe, .. } => exe,
         }
     }
@@ -692,9 +623,20 @@ fn wait_for_new_pid(path: &Path, old: Pid) -> Pid {
 }
 
 /// Waits until `pid` (not our child: its parent has exited) is gone.
+///
+/// Reaped here if it became ours: the tests that follow upgrades make this
+/// process every orphan's subreaper, and a zombie still answers `kill`.
 fn wait_gone(pid: Pid) {
     let deadline = Instant::now() + PATIENCE;
-    while kill(pid, None).is_ok() {
+    loop {
+        let gone = match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => false,
+            Ok(_) => true,
+            Err(_) => kill(pid, None).is_err(),
+        };
+        if gone {
+            return;
+        }
         assert!(Instant::now() < deadline, "process {pid} still runs");
         thread::sleep(Duration::from_millis(10));
     }

@@ -1,12 +1,10 @@
-//! Checks the throwaway PostgreSQL cluster in `tests/support/postgres.rs`
+//! Checks the throwaway PostgreSQL cluster in `testkit/src/postgres.rs`
 //! that the other integration tests build on.
 
-mod support;
-
+use lameduck_testkit::postgres::PgCluster;
 use sqlx::postgres::{PgConnection, PgPoolOptions};
 use sqlx::{Connection, PgPool};
 use std::time::Duration;
-use support::postgres::PgCluster;
 
 async fn connect(cluster: &PgCluster) -> PgPool {
     PgPoolOptions::new()

@@ -14,10 +14,6 @@
 //!
 //! Every wait here is bounded.
 
-// Each test binary uses a different part of this module, and `pub` here means
-// "for the tests", not "exported".
-#![allow(dead_code, unreachable_pub)]
-
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsFd;
@@ -25,7 +21,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -36,8 +32,19 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use tempfile::TempDir;
 
-/// The binary under test, built by Cargo for the integration tests.
-pub const BINARY: &str = env!("CARGO_BIN_EXE_lameduck");
+/// The binary under test, as Cargo builds it for the integration tests and
+/// names it in their environment when it runs them.
+///
+/// # Panics
+/// Outside `cargo test`, which sets `CARGO_BIN_EXE_lameduck`.
+pub fn binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        std::env::var_os("CARGO_BIN_EXE_lameduck")
+            .map(PathBuf::from)
+            .expect("CARGO_BIN_EXE_lameduck: run the tests with `cargo test`")
+    })
+}
 
 /// How long [`LameduckProcess::start`] waits for the `listening on` line
 /// (the child opens its database and runs migrations first).
@@ -319,7 +326,7 @@ impl LameduckProcess {
     /// With everything the child wrote, if it does not log `listening on
     /// http://ADDR` within [`START_TIMEOUT`].
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> LameduckProcess {
-        LameduckProcess::start_exe(Path::new(BINARY), args, envs)
+        LameduckProcess::start_exe(binary(), args, envs)
     }
 
     /// Like [`LameduckProcess::start`], running the binary at `exe` (a copy
@@ -420,7 +427,7 @@ impl Finished {
 /// # Panics
 /// If it still runs after `timeout` (it is killed first).
 pub fn run(args: &[&str], envs: &[(&str, &str)], timeout: Duration) -> Finished {
-    let (mut process, _data_dir) = spawn(Path::new(BINARY), args, envs);
+    let (mut process, _data_dir) = spawn(binary(), args, envs);
     let captured = Arc::clone(&process.captured);
     let Some(status) = process.wait_exit(timeout) else {
         panic!(
@@ -1032,6 +1039,7 @@ pub fn post_links(addr: SocketAddr, body: &[u8], content_type: Option<&str>) -> 
     read_response(&mut stream).unwrap_or_else(|e| panic!("POST /api/links: {e}"))
 }
 
+/// `POST /api/links` of a JSON `body` on a new connection.
 pub fn post_json(addr: SocketAddr, body: &str) -> RawResponse {
     post_links(addr, body.as_bytes(), Some("application/json"))
 }

@@ -1,12 +1,10 @@
 //! The shutdown timeline, tested against the real binary: a child process
 //! receiving real signals, observed through its sockets, its exit code and
-//! its logs (`tests/support/binary.rs`).
+//! its logs (`testkit/src/binary.rs`).
 //!
 //! A request is held open without any debug route: `POST /api/links` with a
 //! `Content-Length` and only part of the body keeps the handler waiting in
 //! its JSON extractor until the test sends the rest.
-
-mod support;
 
 use std::convert::Infallible;
 use std::io::{self, Write};
@@ -30,11 +28,11 @@ use tokio::sync::mpsc;
 use tokio::task::block_in_place;
 
 use lameduck_lifecycle::{draw, spread_moment, Draw, SETTLE};
-use support::binary::{
+use lameduck_testkit::binary::{
     self, assert_told_in_order, connect, finish_slow_post, get, read_response, send_create,
     start_slow_post, until_told, wait_for_eof, LameduckProcess, LINK, LINK_SPLIT,
 };
-use support::postgres::PgCluster;
+use lameduck_testkit::postgres::PgCluster;
 
 /// Generous bound on anything that should take milliseconds: a log line to
 /// appear, a process to exit, a socket to close. Reaching it is a failure.
@@ -243,7 +241,8 @@ fn idle_keepalive_connections_are_closed_by_the_server_at_drain_start() {
 // immediate drain: readiness fails at once while the server still accepts
 // and serves, every answer says `Connection: close`, and a keep-alive
 // connection opened before the signal is not cut but gets one more answer,
-// then closes. (The gradual drain's spread: `tests/rotation.rs`.)
+// then closes. (The gradual drain's spread: the test below, and
+// `load/tests/rotation_smoke.rs`.)
 #[test]
 fn readyz_is_503_during_the_drain_delay_while_other_requests_get_connection_close() {
     let mut server =

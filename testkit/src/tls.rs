@@ -2,10 +2,6 @@
 //! out the way the kubelet lays out a Secret volume, and a blocking rustls
 //! client that tells which certificate the server presented.
 
-// Each test binary uses a different part of this module, and `pub` here means
-// "for the tests", not "exported".
-#![allow(dead_code, unreachable_pub)]
-
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -37,6 +33,13 @@ pub struct Leaf {
     pub serial: String,
     /// The end of its validity, in seconds since the Unix epoch.
     pub not_after: i64,
+}
+
+impl Default for TestCa {
+    /// A new CA, as [`TestCa::new`].
+    fn default() -> TestCa {
+        TestCa::new()
+    }
 }
 
 impl TestCa {

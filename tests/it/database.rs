@@ -8,8 +8,6 @@
 //! every kind of outage, are `load outage` (`load/src/outage/`); its smoke
 //! run is in `load/tests/`.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,11 +17,11 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use lameduck::storage::ACQUIRE_TIMEOUT;
-use support::binary::{
+use lameduck_testkit::binary::{
     assert_json_error, fresh_get, link_body, metric, metrics, post_json, read_response,
     send_create, wait_database, wait_metric, LameduckProcess, RawResponse,
 };
-use support::postgres::{PgCluster, Sql};
+use lameduck_testkit::postgres::{PgCluster, Sql};
 
 /// Generous bound on anything that should take milliseconds.
 const PATIENCE: Duration = Duration::from_secs(15);

@@ -22,10 +22,6 @@
 //!
 //! Every wait here is bounded.
 
-// Each test binary uses a different part of this module, and `pub` here means
-// "for the tests", not "exported".
-#![allow(dead_code, unreachable_pub)]
-
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -107,14 +103,21 @@ pub struct ReceivedSpan {
     pub span_id: String,
     /// `None` for a root span.
     pub parent_span_id: Option<String>,
+    /// The span's name.
     pub name: String,
     /// An unknown kind or code reads as `Unspecified` or `Unset`.
     pub kind: SpanKind,
+    /// Its status: unset, ok or error.
     pub status_code: StatusCode,
+    /// The status's description (an error's).
     pub status_message: String,
+    /// The span's attributes, by key.
     pub attributes: BTreeMap<String, Value>,
+    /// Its events, in order.
     pub events: Vec<ReceivedEvent>,
+    /// When it started, in nanoseconds since the Unix epoch.
     pub start_unix_nanos: u64,
+    /// When it ended, likewise.
     pub end_unix_nanos: u64,
     /// The resource's `service.name`.
     pub service_name: Option<String>,
@@ -127,7 +130,9 @@ pub struct ReceivedSpan {
 /// An event of a span (what the `tracing` bridge makes of a log line).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReceivedEvent {
+    /// The event's name.
     pub name: String,
+    /// Its attributes, by key.
     pub attributes: BTreeMap<String, Value>,
 }
 

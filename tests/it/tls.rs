@@ -1,10 +1,8 @@
 //! TLS against the real binary, with real clients: curl and `openssl
 //! s_client` from outside, a rustls client from inside that tells which
 //! certificate the server presented. Certificates are made by the tests
-//! (`support::tls`); rotation swaps a `..data` symlink the way the kubelet
+//! (`lameduck_testkit::tls`); rotation swaps a `..data` symlink the way the kubelet
 //! updates a Secret volume.
-
-mod support;
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -13,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use support::binary::{
-    begin_slow_post, finish_slow_post, read_response, request, run, server_command, tempdir,
-    LameduckProcess, Lineage, Process, BINARY, LINK,
+use lameduck_testkit::binary::{
+    begin_slow_post, binary, finish_slow_post, read_response, request, run, server_command,
+    tempdir, LameduckProcess, Lineage, Process, LINK,
 };
-use support::tls::{write_pair, SecretVolume, TestCa};
+use lameduck_testkit::tls::{write_pair, SecretVolume, TestCa};
 
 /// Bound on anything that should take well under a second, and on a
 /// certificate reload (polled every second). Reaching it is a failure.
@@ -451,7 +449,7 @@ fn an_upgrade_over_tls_hands_the_socket_over_and_the_successor_loads_the_certifi
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     write_pair(&leaf, &cert, &key);
     let pid_file = dir.path().join("lameduck.pid");
-    let mut command = server_command(Path::new(BINARY), "127.0.0.1:0");
+    let mut command = server_command(Path::new(binary()), "127.0.0.1:0");
     command
         .args(["--listen", "127.0.0.1:0", "--tls-cert"])
         .arg(&cert)

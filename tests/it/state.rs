@@ -2,8 +2,6 @@
 //! binary and real signals, on SQLite and on a throwaway PostgreSQL that the
 //! tests stop and start under the service.
 
-mod support;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -19,12 +17,12 @@ use lameduck::lifecycle::{BoxError, Lifecycle};
 use lameduck::links::hits::{self, HitCounter, HitSink};
 use lameduck::storage::{Storage, StorageMetrics, StoredLink};
 use lameduck::App;
+use lameduck_testkit::binary::{KeptAliveClients, LameduckProcess};
+use lameduck_testkit::postgres::PgCluster;
 use lameduck_writebehind::{Batch, Config, Durability, FinalFlush, Sink};
 use nix::sys::signal::Signal;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
-use support::binary::{KeptAliveClients, LameduckProcess};
-use support::postgres::PgCluster;
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
 
@@ -647,7 +645,8 @@ fn an_unwritable_spill_directory_fails_the_start_and_names_it() {
     std::fs::write(&file, b"not a directory").expect("write");
     let spill_dir = file.join("spill");
     let spill_arg = spill_dir.display().to_string();
-    let finished = support::binary::run(&["--spill-dir", &spill_arg], &[], Duration::from_secs(30));
+    let finished =
+        lameduck_testkit::binary::run(&["--spill-dir", &spill_arg], &[], Duration::from_secs(30));
     assert_eq!(
         finished.status.code(),
         Some(i32::from(Exit::Startup.code()))
@@ -681,10 +680,11 @@ fn files_ending(dir: &Path, extension: &str) -> Vec<PathBuf> {
 
 /// `n` redirects on one keep-alive connection, each answered 307.
 fn redirects(addr: SocketAddr, codes: &[String], n: usize) {
-    let mut stream = support::binary::connect(addr);
+    let mut stream = lameduck_testkit::binary::connect(addr);
     for i in 0..n {
-        let response = support::binary::get(&mut stream, &format!("/{}", codes[i % codes.len()]))
-            .expect("a redirect");
+        let response =
+            lameduck_testkit::binary::get(&mut stream, &format!("/{}", codes[i % codes.len()]))
+                .expect("a redirect");
         assert_eq!(response.status, 307);
     }
 }
@@ -791,7 +791,7 @@ async fn sigkill_under_redirect_load_loses_no_answered_hit() {
     last.signal(Signal::SIGTERM);
     assert_eq!(last.exit_code(EXIT_WITHIN), 0, "{}", last.log_text());
     let stored = u64::try_from(sqlite_total(data.path()).await).expect("positive");
-    support::binary::assert_kill_bound(stored, answered, cut);
+    lameduck_testkit::binary::assert_kill_bound(stored, answered, cut);
 }
 
 // A journal damaged after a SIGKILL, both ways a record can be: one with a
@@ -853,9 +853,9 @@ async fn torn_journal_records_are_skipped_counted_and_logged_and_the_rest_applie
     for line in &torn {
         assert_eq!(line["path"], segment.display().to_string(), "{line}");
     }
-    let metrics = support::binary::metrics(restarted.admin_addr());
+    let metrics = lameduck_testkit::binary::metrics(restarted.admin_addr());
     assert_eq!(
-        support::binary::metric(&metrics, "lameduck_hits_journal_torn_records_total"),
+        lameduck_testkit::binary::metric(&metrics, "lameduck_hits_journal_torn_records_total"),
         Some(2.0),
         "{metrics}"
     );

@@ -4,8 +4,6 @@
 //! bound it or was handed it by an upgrade, never one that was given it by
 //! a service manager.
 
-mod support;
-
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -15,9 +13,9 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use support::binary::{
-    begin_slow_post, finish_slow_post, pass_listeners, read_response, server_command, tempdir,
-    Lineage, Process, RawResponse, BINARY, IO_TIMEOUT, LINK,
+use lameduck_testkit::binary::{
+    begin_slow_post, binary, finish_slow_post, pass_listeners, read_response, server_command,
+    tempdir, Lineage, Process, RawResponse, IO_TIMEOUT, LINK,
 };
 
 /// Bound on anything that should take well under a second. Reaching it is
@@ -27,7 +25,7 @@ const PATIENCE: Duration = Duration::from_secs(15);
 /// `lameduck server --listen unix:PUBLIC --admin-listen ADMIN --data-dir
 /// DIR/data ARGS`, in a process group of its own, once it listens.
 fn start(dir: &Path, public: &Path, admin: &str, args: &[&str]) -> Process {
-    let mut command = server_command(Path::new(BINARY), admin);
+    let mut command = server_command(Path::new(binary()), admin);
     command
         .arg("--listen")
         .arg(format!("unix:{}", public.display()))
@@ -58,7 +56,7 @@ fn get(path: &Path, target: &str) -> RawResponse {
 }
 
 fn healthcheck(admin: &Path) -> i32 {
-    let status = Command::new(BINARY)
+    let status = Command::new(binary())
         .args(["healthcheck", "--admin-listen"])
         .arg(format!("unix:{}", admin.display()))
         .env_remove("LAMEDUCK_ADMIN_LISTEN")
@@ -147,7 +145,7 @@ fn a_stale_socket_file_is_replaced_and_a_live_one_is_not() {
 
     let other = dir.path().join("other");
     std::fs::create_dir(&other).expect("mkdir");
-    let mut command = server_command(Path::new(BINARY), "127.0.0.1:0");
+    let mut command = server_command(Path::new(binary()), "127.0.0.1:0");
     command
         .arg("--listen")
         .arg(format!("unix:{}", public.display()))
@@ -175,7 +173,7 @@ fn a_stale_socket_file_is_replaced_and_a_live_one_is_not() {
 /// itself or (`given`) passed as fd 3 the way a service manager does.
 fn start_lineage(dir: &Path, public: &Path, given: Option<&UnixListener>) -> Lineage {
     let pid_file = dir.join("lameduck.pid");
-    let mut command = server_command(Path::new(BINARY), "127.0.0.1:0");
+    let mut command = server_command(Path::new(binary()), "127.0.0.1:0");
     command
         .arg("--listen")
         .arg(format!("unix:{}", public.display()))

@@ -4,14 +4,12 @@
 //! request changes what is stored.
 //!
 //! Each test runs `lameduck server` as a child process
-//! (`tests/support/binary.rs`) and talks to it over raw sockets, so it sees
+//! (`testkit/src/binary.rs`) and talks to it over raw sockets, so it sees
 //! exactly what went on the wire; the PostgreSQL tests use a throwaway
-//! cluster (`tests/support/postgres.rs`) that they lock, stop and start under
+//! cluster (`testkit/src/postgres.rs`) that they lock, stop and start under
 //! the service. Every wait is bounded; the few timing checks are generous
 //! correctness bounds ("closed within a few seconds of its timeout", "not
 //! answered while the limit holds"), never performance thresholds.
-
-mod support;
 
 use std::convert::Infallible;
 use std::io::{self, Read, Write};
@@ -35,13 +33,13 @@ use tempfile::TempDir;
 use tokio::runtime::Runtime;
 
 use lameduck_lifecycle::{draw, Draw};
-use support::binary::{
+use lameduck_testkit::binary::{
     assert_json_error, assert_told_in_order, connect, finish_slow_post_of, fresh_get, get,
     link_body, metric, metrics, post_json, post_links, read_response, start_slow_post_of,
     uninterrupted, until_told, wait_database, wait_for_eof, wait_metric, LameduckProcess,
     RawResponse, INTERNALS,
 };
-use support::postgres::{PgCluster, Sql};
+use lameduck_testkit::postgres::{PgCluster, Sql};
 
 /// Generous bound on anything that should take milliseconds; reaching it is
 /// a failure.
@@ -219,7 +217,7 @@ fn silent_for(stream: &TcpStream, within: Duration) -> bool {
         ),
     };
     stream
-        .set_read_timeout(Some(support::binary::IO_TIMEOUT))
+        .set_read_timeout(Some(lameduck_testkit::binary::IO_TIMEOUT))
         .expect("read timeout");
     silent
 }
@@ -1436,7 +1434,7 @@ fn a_stream_past_its_age_runs_until_the_grace_and_a_websocket_is_not_cut() {
         "3s",
     ]);
     let addr = server.addr();
-    let code = support::binary::create_link(addr, "https://example.com/streamed");
+    let code = lameduck_testkit::binary::create_link(addr, "https://example.com/streamed");
     let runtime = runtime();
     let (open_for, http2_for, websocket) = runtime.block_on(async {
         use futures_util::{SinkExt, StreamExt};

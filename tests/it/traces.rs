@@ -1,5 +1,5 @@
 //! The service's traces, proven against a real OTLP receiver
-//! (`support::otlp`): what a process exports over OTLP/gRPC or OTLP/HTTP is
+//! (`lameduck_testkit::otlp`): what a process exports over OTLP/gRPC or OTLP/HTTP is
 //! decoded with the protocol's own definitions, then asserted on.
 //!
 //! First the receiver itself, against the OpenTelemetry SDK's own OTLP
@@ -18,8 +18,6 @@
 //! the budget and one line saying why, an unusable file is exit 2, and the
 //! default roots are each transport's own.
 
-mod support;
-
 use std::io::Write;
 use std::net::TcpStream;
 use std::thread;
@@ -36,10 +34,10 @@ use http_body_util::Full;
 use hyper::client::conn::http2;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use lameduck_testkit::binary::{self, LameduckProcess};
+use lameduck_testkit::otlp::{self, Behaviour, Protocol, ReceivedSpan, Receiver};
+use lameduck_testkit::tls::TestCa;
 use nix::sys::signal::Signal::SIGTERM;
-use support::binary::{self, LameduckProcess};
-use support::otlp::{self, Behaviour, Protocol, ReceivedSpan, Receiver};
-use support::tls::TestCa;
 
 /// The SDK's default export timeout.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);

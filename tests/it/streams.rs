@@ -3,14 +3,12 @@
 //! close frame 1001, and the process exits without waiting for streams that
 //! would otherwise never end. Real binary, real SIGTERM.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
+use lameduck_testkit::binary::LameduckProcess;
 use nix::sys::signal::Signal;
-use support::binary::LameduckProcess;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Barrier};

@@ -1,0 +1,19 @@
+//! What the lameduck integration tests share, as a library of its own: the
+//! tests of `tests/` and the suites with binaries of their own use one copy.
+//!
+//! - [`binary`]: the real binary as a child process, its logs and exit
+//!   code, real signals, and raw HTTP/1 on blocking sockets with timeouts;
+//! - [`postgres`]: a throwaway PostgreSQL cluster per test;
+//! - [`otlp`]: an OTLP receiver, over gRPC and HTTP, plain or TLS;
+//! - [`tls`]: a test CA and the certificates it signs;
+//! - [`traffic`]: clients that keep asking while the test changes the
+//!   server, and what each request met.
+//!
+//! Every wait is bounded, and every child process is killed when its
+//! handle is dropped.
+
+pub mod binary;
+pub mod otlp;
+pub mod postgres;
+pub mod tls;
+pub mod traffic;

@@ -36,7 +36,8 @@ COPY service/Cargo.toml service/Cargo.toml
 COPY traces/Cargo.toml traces/Cargo.toml
 COPY writebehind/Cargo.toml writebehind/Cargo.toml
 COPY load/Cargo.toml load/Cargo.toml
-RUN mkdir -p src lifecycle/src handoff/src service/src traces/src writebehind/src load/src \
+COPY testkit/Cargo.toml testkit/Cargo.toml
+RUN mkdir -p src lifecycle/src handoff/src service/src traces/src writebehind/src load/src testkit/src \
     && printf '//! Stand-in.\nfn main() {}\n' > src/main.rs \
     && printf '//! Stand-in.\n' > src/lib.rs \
     && printf '//! Stand-in.\n' > lifecycle/src/lib.rs \
@@ -45,6 +46,7 @@ RUN mkdir -p src lifecycle/src handoff/src service/src traces/src writebehind/sr
     && printf '//! Stand-in.\n' > traces/src/lib.rs \
     && printf '//! Stand-in.\n' > writebehind/src/lib.rs \
     && printf 'fn main() {}\n' > load/src/main.rs \
+    && printf '//! Stand-in.\n' > testkit/src/lib.rs \
     && cargo build --release --locked -p lameduck \
     && cargo clean --release --locked -p lameduck -p lameduck-lifecycle -p lameduck-handoff -p lameduck-service -p lameduck-traces -p lameduck-writebehind \
     && rm -rf src lifecycle/src handoff/src service/src traces/src writebehind/src

@@ -153,13 +153,30 @@ impl Plan {
     /// `GET /{code}`, answered 307, to `addr`: one client of each kind,
     /// 10 ms apart.
     pub fn redirects(addr: SocketAddr, code: &str) -> Plan {
+        Plan::asking(addr, Method::GET, format!("/{code}"), None, 307)
+    }
+
+    /// `POST /api/links`, answered 201, to `addr`: one client of each kind,
+    /// 10 ms apart.
+    pub fn creating_links(addr: SocketAddr) -> Plan {
+        let link = r#"{"url":"https://example.com/traffic"}"#;
+        Plan::asking(addr, Method::POST, "/api/links".to_owned(), Some(link), 201)
+    }
+
+    fn asking(
+        addr: SocketAddr,
+        method: Method,
+        path: String,
+        body: Option<&'static str>,
+        status: u16,
+    ) -> Plan {
         Plan {
             addr,
             asks: vec![Ask {
-                method: Method::GET,
-                path: format!("/{code}"),
-                body: None,
-                status: 307,
+                method,
+                path,
+                body,
+                status,
             }],
             clients: Kind::ALL.to_vec(),
             pause: Duration::from_millis(10),
@@ -167,19 +184,6 @@ impl Plan {
             limit: Duration::from_secs(240),
             max_requests: 200_000,
         }
-    }
-
-    /// `POST /api/links`, answered 201, to `addr`: one client of each kind,
-    /// 10 ms apart.
-    pub fn creating_links(addr: SocketAddr) -> Plan {
-        let mut plan = Plan::redirects(addr, "");
-        plan.asks = vec![Ask {
-            method: Method::POST,
-            path: "/api/links".to_owned(),
-            body: Some(r#"{"url":"https://example.com/traffic"}"#),
-            status: 201,
-        }];
-        plan
     }
 
     /// Every other request is `GET /healthz`, answered 200.

@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::thread::{self};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use lameduck::exit::Exit;
@@ -45,7 +45,7 @@ use lameduck_testkit::traffic::{Kind, Plan, Tally, Traffic};
 /// line, an exit, a successor's start. Reaching it is a failure.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// Pause between two redirects of the traffic thread: enough to leave the
+/// Pause between two redirects of the traffic's client: enough to leave the
 /// server's core to the server on this 2-core machine.
 const TRAFFIC_PACE: Duration = Duration::from_millis(2);
 

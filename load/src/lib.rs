@@ -55,7 +55,8 @@ pub mod baseline;
 pub mod bench;
 pub mod binaries;
 pub mod crash;
-pub mod fate;
+/// What happened to one request: the test kit's classes, shared with the tests.
+pub use lameduck_testkit::fate;
 pub mod haproxy;
 pub mod machine;
 pub mod otlp_sink;

@@ -1,6 +1,8 @@
 //! What the lameduck integration tests share, as a library of its own: the
 //! tests of `tests/` and the suites with binaries of their own use one copy.
 //!
+//! - [`fate`]: what happened to one request, in the classes the tests and
+//!   `load` report;
 //! - [`binary`]: the real binary as a child process, its logs and exit
 //!   code, real signals, and raw HTTP/1 on blocking sockets with timeouts;
 //! - [`postgres`]: a throwaway PostgreSQL cluster per test;
@@ -13,6 +15,7 @@
 //! handle is dropped.
 
 pub mod binary;
+pub mod fate;
 pub mod otlp;
 pub mod postgres;
 pub mod tls;

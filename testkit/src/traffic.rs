@@ -29,6 +29,8 @@ use hyper::header::{CONNECTION, CONTENT_TYPE, HOST};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 
+pub use crate::fate::Fate;
+
 /// One request, connection included, may take this long.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause after a failure, so that a refusing port is not hammered.
@@ -56,74 +58,6 @@ impl Kind {
         match self {
             Kind::NewConnection => "new connection",
             Kind::KeepAlive => "keep-alive",
-        }
-    }
-}
-
-/// What happened to one request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fate {
-    /// Answered with the status asked for.
-    Ok,
-    /// The connection was refused.
-    Refused,
-    /// Reset, broken pipe, or closed before the response was complete.
-    Reset,
-    /// No complete response within five seconds.
-    Timeout,
-    /// Another status.
-    Status,
-    /// Any other error.
-    Other,
-}
-
-impl Fate {
-    /// Every fate, in the order of the report.
-    pub const ALL: [Fate; 6] = [
-        Fate::Ok,
-        Fate::Refused,
-        Fate::Reset,
-        Fate::Timeout,
-        Fate::Status,
-        Fate::Other,
-    ];
-
-    /// The fate's name in the report.
-    pub fn name(self) -> &'static str {
-        match self {
-            Fate::Ok => "ok",
-            Fate::Refused => "refused",
-            Fate::Reset => "reset",
-            Fate::Timeout => "timeout",
-            Fate::Status => "status",
-            Fate::Other => "other",
-        }
-    }
-
-    fn of_io(error: &io::Error) -> Fate {
-        match error.kind() {
-            io::ErrorKind::ConnectionRefused => Fate::Refused,
-            io::ErrorKind::ConnectionReset
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::BrokenPipe
-            | io::ErrorKind::UnexpectedEof => Fate::Reset,
-            io::ErrorKind::TimedOut => Fate::Timeout,
-            _ => Fate::Other,
-        }
-    }
-
-    fn of_hyper(error: &hyper::Error) -> Fate {
-        let mut source = error.source();
-        while let Some(cause) = source {
-            if let Some(io) = cause.downcast_ref::<io::Error>() {
-                return Fate::of_io(io);
-            }
-            source = cause.source();
-        }
-        if error.is_incomplete_message() || error.is_canceled() || error.is_closed() {
-            Fate::Reset
-        } else {
-            Fate::Other
         }
     }
 }
@@ -284,7 +218,12 @@ impl Plan {
                     shared.answered.fetch_add(1, Ordering::AcqRel);
                     self.pause
                 }
-                Err(Failure(fate, _)) if self.until_closed && *fate != Fate::Status => break,
+                Err(Failure(fate, _))
+                    if self.until_closed
+                        && !matches!(fate, Fate::Http5xx | Fate::UnexpectedStatus) =>
+                {
+                    break
+                }
                 Err(_) => {
                     connection = None;
                     PAUSE_AFTER_FAILURE
@@ -335,10 +274,9 @@ impl Plan {
         if closes || kind == Kind::NewConnection {
             *connection = None;
         }
-        if status.as_u16() == ask.status {
-            Ok(())
-        } else {
-            Err(Failure(Fate::Status, format!("{}: {status}", ask.path)))
+        match Fate::of_status(status.as_u16(), ask.status) {
+            Fate::Success => Ok(()),
+            fate => Err(Failure(fate, format!("{}: {status}", ask.path))),
         }
     }
 }
@@ -436,7 +374,7 @@ struct Failure(Fate, String);
 
 impl From<io::Error> for Failure {
     fn from(error: io::Error) -> Failure {
-        Failure(Fate::of_io(&error), error.to_string())
+        Failure(Fate::of_error(&error), error.to_string())
     }
 }
 
@@ -448,7 +386,7 @@ impl From<hyper::Error> for Failure {
             message.push_str(&format!(": {cause}"));
             source = cause.source();
         }
-        Failure(Fate::of_hyper(&error), message)
+        Failure(Fate::of_error(&error), message)
     }
 }
 
@@ -462,10 +400,10 @@ pub struct Counts {
 impl Counts {
     fn record(&mut self, outcome: Result<(), Failure>) {
         let fate = match outcome {
-            Ok(()) => Fate::Ok,
+            Ok(()) => Fate::Success,
             Err(Failure(fate, message)) => {
                 if self.samples.len() < SAMPLES {
-                    self.samples.push(format!("{}: {message}", fate.name()));
+                    self.samples.push(format!("{}: {message}", fate.as_str()));
                 }
                 fate
             }
@@ -489,7 +427,7 @@ impl Counts {
 
     /// Requests answered with the status asked for.
     pub fn ok(&self) -> u64 {
-        self.count(Fate::Ok)
+        self.count(Fate::Success)
     }
 
     /// Requests sent.
@@ -551,7 +489,7 @@ impl fmt::Display for Tally {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "  {:<15}{:>9}", "clients", "requests")?;
         for fate in Fate::ALL {
-            write!(f, "{:>9}", fate.name())?;
+            write!(f, "{:>18}", fate.as_str())?;
         }
         let total = self.total();
         let rows = Kind::ALL
@@ -561,7 +499,7 @@ impl fmt::Display for Tally {
         for (name, counts) in rows {
             write!(f, "\n  {name:<15}{:>9}", counts.requests())?;
             for n in counts.by_fate {
-                write!(f, "{n:>9}")?;
+                write!(f, "{n:>18}")?;
             }
         }
         for sample in &total.samples {
@@ -618,7 +556,10 @@ mod tests {
         traffic.wait_for_requests(2);
         let tally = traffic.finish();
         assert_eq!(tally.answered(), 0, "{tally}");
-        assert_eq!(tally.total().count(Fate::Status), tally.total().requests());
+        assert_eq!(
+            tally.total().count(Fate::UnexpectedStatus),
+            tally.total().requests()
+        );
         assert!(tally.to_string().contains("/api/links: 404"), "{tally}");
     }
 

@@ -42,6 +42,11 @@
 //! - [`traffic`]: open-loop mixed load over HTTP/1.1 and HTTP/2 clients;
 //!   [`fate`]: what happened to one request. [`raw`]: a minimal HTTP/1.1
 //!   client for closed-loop benchmarks and idle connections.
+//! - [`fleet`]: the runner the scenarios behind the balancer share: a
+//!   throwaway PostgreSQL, the balancer and its replicas (added, retired,
+//!   killed and restarted), their marks, seeded links, and the traffic
+//!   around the scenario's actions; [`scenario`]: what `load NAME` does
+//!   with any of them (run, write, summary, verdict, exit code).
 //! - [`replica`]: one server child process; [`haproxy`]: the balancer child
 //!   and its runtime API.
 //! - [`report`]: tables, JSON and the SVG picture; [`machine`]: what ran it.
@@ -55,6 +60,7 @@ pub mod baseline;
 pub mod bench;
 pub mod binaries;
 pub mod crash;
+pub mod fleet;
 /// What happened to one request: the test kit's classes, shared with the tests.
 pub use lameduck_testkit::fate;
 pub mod haproxy;
@@ -66,6 +72,7 @@ pub mod replica;
 pub mod report;
 pub mod rollout;
 pub mod rotation;
+pub mod scenario;
 pub mod soak;
 pub mod tls;
 pub mod traffic;

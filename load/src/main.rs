@@ -14,13 +14,11 @@
 //! cargo run -p load --release -- abuse              # slowhttptest slow bodies and slowloris + a normal client (not in CI)
 //! ```
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
-use load::binaries::{self, Binaries};
 use load::machine::Machine;
+use load::scenario;
 use load::{abuse, bench, crash, outage, rollout, rotation, soak};
 
 /// The rollout harness and benchmarks of lameduck.
@@ -63,155 +61,12 @@ fn main() -> ExitCode {
     // Before any pinning narrows what this process sees.
     let machine = Machine::describe();
     match cli.command {
-        Command::Rollout(options) => run_rollout(options.resolve(), machine),
+        Command::Rollout(options) => scenario::main(options.resolve(), machine),
         Command::Bench(options) => bench::main(options, machine),
-        Command::Outage(options) => run_outage(options.resolve(), machine),
-        Command::Crash(options) => run_crash(options.resolve(), machine),
-        Command::Rotation(options) => run_rotation(options.resolve(), machine),
+        Command::Outage(options) => scenario::main(options.resolve(), machine),
+        Command::Crash(options) => scenario::main(options.resolve(), machine),
+        Command::Rotation(options) => scenario::main(options.resolve(), machine),
         Command::Soak(options) => soak::main(options, machine),
         Command::Abuse(options) => abuse::main(options, machine),
     }
-}
-
-fn run_rollout(options: rollout::Options, mut machine: Machine) -> ExitCode {
-    let result = (|| -> anyhow::Result<ExitCode> {
-        if !options.no_install {
-            binaries::install_test_deps(&["postgres", "haproxy"])?;
-        }
-        let binaries = Binaries::for_run(options.bin_dir.as_deref(), &mut machine)?;
-        let out = output_dir(options.out.clone(), "rollout");
-        let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
-        let check = options.check;
-        let report = runtime.block_on(rollout::run(options, &binaries, machine, &out))?;
-        rollout::write(&report, &out)?;
-        println!("{}", rollout::summary(&report));
-        println!(
-            "Written: {}/{{rollout.json,rollout.svg,summary.md}} and logs/",
-            out.display()
-        );
-        if check {
-            if let Err(problems) = rollout::verdict(&report) {
-                eprintln!("load: check FAILED: {problems}");
-                return Ok(ExitCode::FAILURE);
-            }
-            eprintln!("load: check passed: no failed request, no lost hit, every exit 0");
-        }
-        Ok(ExitCode::SUCCESS)
-    })();
-    result.unwrap_or_else(|error| {
-        eprintln!("load: error: {error:#}");
-        ExitCode::from(2)
-    })
-}
-
-fn run_outage(options: outage::Options, mut machine: Machine) -> ExitCode {
-    let result = (|| -> anyhow::Result<ExitCode> {
-        if !options.no_install {
-            binaries::install_test_deps(&["postgres", "haproxy"])?;
-        }
-        let binaries = Binaries::for_run(options.bin_dir.as_deref(), &mut machine)?;
-        let out = output_dir(options.out.clone(), "outage");
-        let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
-        let check = options.check;
-        let report = runtime.block_on(outage::run(options, &binaries, machine, &out))?;
-        outage::summary::write(&report, &out)?;
-        println!("{}", outage::summary::summary(&report));
-        println!(
-            "Written: {}/{{outage.json,outage.svg,summary.md}} and logs/",
-            out.display()
-        );
-        if check {
-            if let Err(problems) = outage::summary::verdict(&report) {
-                eprintln!("load: check FAILED: {problems}");
-                return Ok(ExitCode::FAILURE);
-            }
-            eprintln!(
-                "load: check passed: no failed redirect, failing fast behind an open breaker, \
-                 every replica ready throughout, no lost hit"
-            );
-        }
-        Ok(ExitCode::SUCCESS)
-    })();
-    result.unwrap_or_else(|error| {
-        eprintln!("load: error: {error:#}");
-        ExitCode::from(2)
-    })
-}
-
-fn run_crash(options: crash::Options, mut machine: Machine) -> ExitCode {
-    let result = (|| -> anyhow::Result<ExitCode> {
-        if !options.no_install {
-            binaries::install_test_deps(&["postgres", "haproxy"])?;
-        }
-        let binaries = Binaries::for_run(options.bin_dir.as_deref(), &mut machine)?;
-        let out = output_dir(options.out.clone(), "crash");
-        let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
-        let check = options.check;
-        let report = runtime.block_on(crash::run(options, &binaries, machine, &out))?;
-        crash::summary::write(&report, &out)?;
-        println!("{}", crash::summary::summary(&report));
-        println!(
-            "Written: {}/{{crash.json,crash.svg,summary.md}} and logs/",
-            out.display()
-        );
-        if check {
-            if let Err(problems) = crash::summary::verdict(&report) {
-                eprintln!("load: check FAILED: {problems}");
-                return Ok(ExitCode::FAILURE);
-            }
-            eprintln!(
-                "load: check passed: only requests in flight on a killed replica failed, \
-                 answered ≤ stored ≤ answered + cut, every exit 0"
-            );
-        }
-        Ok(ExitCode::SUCCESS)
-    })();
-    result.unwrap_or_else(|error| {
-        eprintln!("load: error: {error:#}");
-        ExitCode::from(2)
-    })
-}
-
-fn run_rotation(options: rotation::Options, mut machine: Machine) -> ExitCode {
-    let result = (|| -> anyhow::Result<ExitCode> {
-        if !options.no_install {
-            binaries::install_test_deps(&["postgres", "haproxy"])?;
-        }
-        let binaries = Binaries::for_run(options.bin_dir.as_deref(), &mut machine)?;
-        let out = output_dir(options.out.clone(), "rotation");
-        let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
-        let check = options.check;
-        let report = runtime.block_on(rotation::run(options, &binaries, machine, &out))?;
-        rotation::summary::write(&report, &out)?;
-        println!("{}", rotation::summary::summary(&report));
-        println!(
-            "Written: {}/{{rotation.json,rotation.svg,summary.md}} and logs/",
-            out.display()
-        );
-        if check {
-            if let Err(problems) = rotation::summary::verdict(&report) {
-                eprintln!("load: check FAILED: {problems}");
-                return Ok(ExitCode::FAILURE);
-            }
-            eprintln!(
-                "load: check passed: no failed request, every hit stored, a gradual drain's storm \
-                 within its bound, the new replica served once connections age"
-            );
-        }
-        Ok(ExitCode::SUCCESS)
-    })();
-    result.unwrap_or_else(|error| {
-        eprintln!("load: error: {error:#}");
-        ExitCode::from(2)
-    })
-}
-
-/// `out`, or `load/out/<timestamp>-<what>` in the workspace.
-fn output_dir(out: Option<PathBuf>, what: &str) -> PathBuf {
-    out.unwrap_or_else(|| {
-        let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
-        binaries::workspace_root()
-            .join("load/out")
-            .join(format!("{stamp}-{what}"))
-    })
 }

@@ -25,47 +25,30 @@
 pub mod summary;
 
 use std::ffi::OsString;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::ValueEnum;
-use nix::sys::signal::Signal;
 use serde::Serialize;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::binaries::Binaries;
 use crate::fate::FateCounts;
-use crate::haproxy::{self, Checks, Haproxy};
+use crate::fleet::seed::{self, Links};
+use crate::fleet::{phases, Database, Fleet, Ports, Probe, Restart, Steady, Traffic};
+use crate::haproxy::{Checks, Haproxy};
 use crate::machine::Machine;
-use crate::postgres::PgCluster;
-use crate::replica::{Ended, Replica, Spec};
-use crate::report::{Latency, Mark, MarkKind};
-use crate::traffic::{self, Mix, Targets};
-use crate::{rollout, SERVICE};
-
-/// How long a replica may take from its start to a 200 on `/readyz`: the
-/// restart's wait, the journal replay included.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How long the balancer may take to see a ready replica as UP.
-const LB_UP_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long a SIGKILLed process may take to be reaped: at once, unless the
-/// kernel is stuck; the bound keeps the harness from hanging on it.
-const KILL_EXIT_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::raw::RawConn;
+use crate::replica::{Ended, Spec};
+use crate::report::{Latency, Mark};
+use crate::scenario::{Common, Scenario};
+use crate::traffic::{self, Mix};
+use crate::SERVICE;
 
 /// How long a replica may take to exit after the final SIGTERM (its own
 /// `--shutdown-timeout` is 20 s).
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// How often the balancer's view of a killed replica's slot is read, from
-/// the kill until it is back.
-const STATUS_POLL: Duration = Duration::from_millis(25);
 
 /// What the replicas keep their hit counters in (`--state-durability`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -229,6 +212,26 @@ pub struct Kill {
     pub cut: u64,
 }
 
+impl Kill {
+    /// The kill `restart` tells of, at `at_s` since the traffic started;
+    /// none of the failures attributed yet.
+    fn of(restart: Restart, at_s: f64) -> Kill {
+        Kill {
+            replica: restart.replica,
+            slot: restart.slot,
+            pid: restart.pid,
+            uptime: restart.uptime,
+            at_s,
+            ended: restart.ended,
+            ready_after: restart.ready_after,
+            same_ports: restart.same_ports,
+            lb_out_after: restart.lb_out_after,
+            lb_in_after: restart.lb_in_after,
+            cut: 0,
+        }
+    }
+}
+
 /// A failure no kill explains, kept for the JSON (the first few).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Unexplained {
@@ -354,14 +357,9 @@ pub async fn run(
     out: &Path,
 ) -> anyhow::Result<CrashReport> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    eprintln!("load: starting a throwaway PostgreSQL");
-    let cluster = tokio::task::spawn_blocking(PgCluster::start)
-        .await
-        .context("the PostgreSQL cluster failed to start")?;
-    let result = run_flavors(&options, binaries, &cluster.url(), out).await;
-    tokio::task::spawn_blocking(move || drop(cluster))
-        .await
-        .ok();
+    let database = Database::start(Duration::from_secs(10)).await?;
+    let result = run_flavors(&options, binaries, &database, out).await;
+    database.stop().await;
     Ok(CrashReport {
         machine,
         mix: options.mix(),
@@ -373,15 +371,9 @@ pub async fn run(
 async fn run_flavors(
     options: &Options,
     binaries: &Binaries,
-    url: &str,
+    database: &Database,
     out: &Path,
 ) -> anyhow::Result<Vec<FlavorResult>> {
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(url)
-        .await
-        .context("cannot connect to the throwaway PostgreSQL")?;
     let mut results = Vec::new();
     for durability in &options.durabilities {
         eprintln!(
@@ -392,7 +384,7 @@ async fn run_flavors(
             options.interval,
             options.rate
         );
-        let result = run_flavor(*durability, options, binaries, &pool, url, out).await?;
+        let result = run_flavor(*durability, options, binaries, database, out).await?;
         eprintln!(
             "load: {}: {} requests, {} failed ({} in flight on a killed replica); hits answered {} / stored {} / cut {}",
             result.label,
@@ -405,65 +397,25 @@ async fn run_flavors(
         );
         results.push(result);
     }
-    pool.close().await;
     Ok(results)
 }
 
-/// One replica: a balancer slot and the process that serves it now.
-struct Member {
-    /// `r1`, `r2`, …: the replica, whatever its process.
-    name: String,
-    slot: usize,
-    /// Processes started for it so far, the first included.
-    starts: u32,
-    process: Replica,
-    /// Its ports, which a restart takes back.
-    listen: SocketAddr,
-    admin: SocketAddr,
-}
-
-impl Member {
-    fn process_name(&self) -> String {
-        format!("{}-{}", self.name, self.starts)
-    }
-}
-
-/// What a durability's run needs at hand.
-struct Rig<'a> {
-    lb: &'a Haproxy,
+/// What every replica of a durability's run is started with.
+struct Setup {
     program: PathBuf,
     durability: Durability,
     url: String,
     scratch: PathBuf,
-    logs: PathBuf,
-    origin: Instant,
-    marks: Vec<Mark>,
 }
 
-impl Rig<'_> {
-    fn at(&self, instant: Instant) -> f64 {
-        instant
-            .checked_duration_since(self.origin)
-            .map_or(0.0, |d| d.as_secs_f64())
-    }
-
-    fn mark(&mut self, instant: Instant, kind: MarkKind, replica: &str) {
-        if instant >= self.origin {
-            self.marks.push(Mark {
-                at_s: (self.at(instant) * 1000.0).round() / 1000.0,
-                kind,
-                replica: replica.to_owned(),
-            });
-        }
-    }
-
+impl Setup {
     fn spill_dir(&self) -> PathBuf {
         self.scratch.join("spill")
     }
 
     /// Every replica's arguments, on `ports` (public, admin) or on free
     /// ones: one database, one data directory, one spill directory.
-    fn spec(&self, ports: Option<(SocketAddr, SocketAddr)>) -> Spec {
+    fn spec(&self, ports: Option<Ports>) -> Spec {
         let (listen, admin) = ports.map_or_else(
             || ("127.0.0.1:0".to_owned(), "127.0.0.1:0".to_owned()),
             |(listen, admin)| (listen.to_string(), admin.to_string()),
@@ -493,158 +445,16 @@ impl Rig<'_> {
             cpus: None,
         }
     }
-
-    /// Starts `name`'s process (`r1-2`) on `ports` or free ones and waits
-    /// until its admin listener answers 200 on `/readyz`; returns it with
-    /// its admin address.
-    async fn spawn(
-        &self,
-        name: &str,
-        ports: Option<(SocketAddr, SocketAddr)>,
-    ) -> anyhow::Result<(Replica, SocketAddr)> {
-        let log = self.logs.join(format!("{name}.log"));
-        let process = Replica::spawn(name, &self.spec(ports), &log).await?;
-        let admin = process.admin_addr().await?;
-        process
-            .wait_ready_at(admin, "/readyz", READY_TIMEOUT)
-            .await?;
-        Ok((process, admin))
-    }
-
-    /// Starts replica `index` (from 1) in the balancer's slot of its number.
-    async fn start(&mut self, index: usize) -> anyhow::Result<Member> {
-        let name = format!("r{index}");
-        let (process, admin) = self.spawn(&format!("{name}-1"), None).await?;
-        self.lb
-            .enable_checked_at(index, process.addr, admin.port())
-            .await?;
-        self.lb
-            .wait_status(index, "up", haproxy::is_up, LB_UP_TIMEOUT)
-            .await?;
-        Ok(Member {
-            name,
-            slot: index,
-            starts: 1,
-            listen: process.addr,
-            admin,
-            process,
-        })
-    }
-
-    /// SIGKILLs `member`'s process, reaps it, and starts it again on its
-    /// ports while following its slot in the balancer: out (if its checks
-    /// fail before the restart is ready) and back UP.
-    async fn kill_and_restart(&mut self, member: &mut Member) -> anyhow::Result<Kill> {
-        let (pid, uptime) = (member.process.pid(), member.process.started.elapsed());
-        let killed_at = Instant::now();
-        member.process.signal(Signal::SIGKILL)?;
-        let ended = member.process.wait_exit(killed_at, KILL_EXIT_TIMEOUT).await;
-        let (ready_tx, ready_rx) = watch::channel(false);
-        let lb = self.lb;
-        let follow = follow_slot(lb, member.slot, killed_at, ready_rx);
-        let rig = &*self;
-        let restart = async {
-            let restarted = rig.restart(member).await;
-            if restarted.is_ok() {
-                let _ = ready_tx.send(true);
-            }
-            drop(ready_tx);
-            restarted.map(|same_ports| (same_ports, killed_at.elapsed()))
-        };
-        let (followed, restarted) = tokio::join!(follow, restart);
-        let (same_ports, ready_after) = restarted?;
-        let (lb_out_after, lb_in_after) = followed?;
-        let name = member.name.clone();
-        self.mark(killed_at, MarkKind::Sigkill, &name);
-        if let Some(after) = lb_out_after {
-            self.mark(killed_at + after, MarkKind::LbOut, &name);
-        }
-        self.mark(killed_at + ready_after, MarkKind::Ready, &name);
-        self.mark(killed_at + lb_in_after, MarkKind::LbIn, &name);
-        Ok(Kill {
-            replica: name,
-            slot: member.slot,
-            pid,
-            uptime,
-            at_s: self.at(killed_at),
-            ended,
-            ready_after,
-            same_ports,
-            lb_out_after,
-            lb_in_after,
-            cut: 0,
-        })
-    }
-
-    /// Starts `member` again with the same arguments on its ports, as a
-    /// container restarts in its pod; if they are taken, on new ones, and
-    /// points its slot there. Returns whether the ports were its own.
-    async fn restart(&self, member: &mut Member) -> anyhow::Result<bool> {
-        member.starts += 1;
-        let ports = Some((member.listen, member.admin));
-        let (process, admin, same_ports) = match self.spawn(&member.process_name(), ports).await {
-            Ok((process, admin)) => (process, admin, true),
-            Err(error) => {
-                eprintln!(
-                    "load: warning: {} did not start on its ports ({error:#}); starting it on new ones",
-                    member.process_name()
-                );
-                member.starts += 1;
-                let (process, admin) = self.spawn(&member.process_name(), None).await?;
-                self.lb
-                    .enable_checked_at(member.slot, process.addr, admin.port())
-                    .await?;
-                (process, admin, false)
-            }
-        };
-        member.listen = process.addr;
-        member.admin = admin;
-        member.process = process;
-        Ok(same_ports)
-    }
 }
 
-/// Reads `slot`'s state until the restart is ready (`ready` turns true) and
-/// the slot is UP in every backend; returns when it first went out of any
-/// backend (if it did) and when it was back, from `since`.
-///
-/// # Errors
-/// If the restart failed (`ready` dropped while false), the runtime API
-/// fails, or the slot is not back within the restart's and the balancer's
-/// bounds.
-async fn follow_slot(
-    lb: &Haproxy,
-    slot: usize,
-    since: Instant,
-    ready: watch::Receiver<bool>,
-) -> anyhow::Result<(Option<Duration>, Duration)> {
-    let deadline = since + READY_TIMEOUT + LB_UP_TIMEOUT;
-    let mut out_after = None;
-    loop {
-        let status = lb.status(slot).await?;
-        if out_after.is_none() && status.iter().any(|s| haproxy::is_out(s)) {
-            out_after = Some(since.elapsed());
-        }
-        let is_ready = *ready.borrow();
-        if is_ready && status.iter().all(|s| haproxy::is_up(s)) {
-            return Ok((out_after, since.elapsed()));
-        }
-        if !is_ready && ready.has_changed().is_err() {
-            bail!("slot {slot}: the restart failed");
-        }
-        if Instant::now() > deadline {
-            bail!("slot {slot} not back in the balancer within {READY_TIMEOUT:?} + {LB_UP_TIMEOUT:?}: {status:?}");
-        }
-        tokio::time::sleep(STATUS_POLL).await;
-    }
-}
-
+/// One durability: R replicas behind a fresh balancer, links seeded, then
+/// steady traffic, K kills `--interval` apart, steady traffic, and the
+/// final stop.
 async fn run_flavor(
     durability: Durability,
     options: &Options,
     binaries: &Binaries,
-    pool: &PgPool,
-    url: &str,
+    database: &Database,
     out: &Path,
 ) -> anyhow::Result<FlavorResult> {
     let logs = out.join(durability.slug()).join("logs");
@@ -652,102 +462,125 @@ async fn run_flavor(
     let scratch = tempfile::Builder::new()
         .prefix(&format!("{SERVICE}-crash-"))
         .tempdir()?;
+    let replicas = usize::from(options.replicas);
     let lb = Haproxy::start(
         options.checks,
-        usize::from(options.replicas),
+        replicas,
         scratch.path(),
         &logs.join("haproxy.log"),
     )
     .await?;
-    let mut rig = Rig {
-        lb: &lb,
+    let mut fleet = Fleet::new(lb, Probe::Admin, &logs);
+    let setup = Setup {
         program: binaries.service.clone(),
         durability,
-        url: url.to_owned(),
+        url: database.url(),
         scratch: scratch.path().to_owned(),
-        logs: logs.clone(),
-        origin: Instant::now() + Duration::from_secs(3600),
-        marks: Vec::new(),
     };
-    let mut fleet = Vec::new();
-    for index in 1..=usize::from(options.replicas) {
-        fleet.push(rig.start(index).await?);
+    for _ in 0..replicas {
+        fleet.add(&setup.spec(None)).await?;
     }
-    sqlx::query("TRUNCATE links, link_audit")
-        .execute(pool)
-        .await
-        .context("cannot empty the links table")?;
-    let codes = rollout::seed_links(fleet[0].listen, options.links, options.seed).await?;
-
-    let (stop, stopped) = watch::channel(false);
-    let origin = Instant::now();
-    rig.origin = origin;
-    let targets = Targets {
-        http1: lb.http1,
-        http2: lb.http2,
+    database.empty_links().await?;
+    let addr = fleet.first_addr()?;
+    let links = Links {
+        prefix: "seed",
+        count: options.links,
+        seed: options.seed,
     };
-    let traffic = tokio::spawn(traffic::run(options.mix(), targets, codes, origin, stopped));
+    let codes = seed::create(links, || RawConn::connect(addr)).await?;
 
-    let outcome = async {
-        let mut kills = Vec::new();
-        for k in 0..usize::from(options.kills) {
-            let due = origin + options.steady + options.interval * u32::try_from(k)?;
-            tokio::time::sleep_until(due).await;
-            let replicas = fleet.len();
-            let member = &mut fleet[k % replicas];
-            let kill = rig.kill_and_restart(member).await?;
-            eprintln!(
-                "load:   {}/{}: {} (pid {}, up {:.1?}) killed at {:.2}s; ready again after {:?}, back in the balancer after {:?}{}",
-                k + 1,
-                options.kills,
-                kill.replica,
-                kill.pid,
-                kill.uptime,
-                kill.at_s,
-                kill.ready_after,
-                kill.lb_in_after,
-                if kill.same_ports { "" } else { " (on new ports)" }
-            );
-            kills.push(kill);
-        }
-        tokio::time::sleep(options.steady).await;
-        Ok::<_, anyhow::Error>(kills)
-    }
-    .await;
-    let _ = stop.send(true);
-    let records = traffic.await.context("the traffic task failed")?;
-    let kills = outcome?;
-    let traffic_s = origin.elapsed().as_secs_f64();
-
-    // The rest stop with no traffic; their exit flushes what they hold.
-    let sigterm = Instant::now();
-    for member in &fleet {
-        member.process.signal(Signal::SIGTERM)?;
-    }
-    let mut final_exits = Vec::new();
-    for member in &mut fleet {
-        final_exits.push(member.process.wait_exit(sigterm, EXIT_TIMEOUT).await);
-    }
-    let spill_files_left = std::fs::read_dir(rig.spill_dir()).map_or(0, Iterator::count);
-    let marks = rig.marks;
-    lb.stop().await;
-    let hits_stored: i64 = sqlx::query_scalar("SELECT COALESCE(SUM(hits), 0)::BIGINT FROM links")
-        .fetch_one(pool)
-        .await?;
-
+    let traffic = Traffic::start(options.mix(), fleet.targets(), codes);
+    let origin = traffic.origin;
+    fleet.begin(origin);
+    let killing = kill_in_turn(&mut fleet, &setup, options, origin);
+    let (kills, ran) = phases(traffic, Steady::around(options.steady), killing).await?;
+    let stopped = fleet.stop(EXIT_TIMEOUT).await?;
+    let spill_files_left = std::fs::read_dir(setup.spill_dir()).map_or(0, Iterator::count);
     Ok(summary::summarize(
         durability,
-        &records,
+        &ran.records,
         kills,
         summary::Ending {
-            final_exits,
-            hits_stored,
+            final_exits: stopped.exits,
+            hits_stored: database.hits_stored().await?,
             replays: replays(&logs)?,
             spill_files_left,
-            traffic_s,
-            marks,
+            traffic_s: ran.traffic_s,
+            marks: stopped.marks,
         },
     ))
+}
+
+/// K kills, one replica after another, the k-th at `origin + steady +
+/// k·interval` or once the one before is back, whichever is later.
+async fn kill_in_turn(
+    fleet: &mut Fleet,
+    setup: &Setup,
+    options: &Options,
+    origin: Instant,
+) -> anyhow::Result<Vec<Kill>> {
+    let replicas = usize::from(options.replicas);
+    let mut kills = Vec::new();
+    for k in 0..usize::from(options.kills) {
+        let due = origin + options.steady + options.interval * u32::try_from(k)?;
+        tokio::time::sleep_until(due).await;
+        let restart = fleet
+            .kill_and_restart(k % replicas, |ports| setup.spec(ports))
+            .await?;
+        let at_s = fleet.at(restart.killed_at);
+        let kill = Kill::of(restart, at_s);
+        eprintln!(
+            "load:   {}/{}: {} (pid {}, up {:.1?}) killed at {:.2}s; ready again after {:?}, back in the balancer after {:?}{}",
+            k + 1,
+            options.kills,
+            kill.replica,
+            kill.pid,
+            kill.uptime,
+            kill.at_s,
+            kill.ready_after,
+            kill.lb_in_after,
+            if kill.same_ports { "" } else { " (on new ports)" }
+        );
+        kills.push(kill);
+    }
+    Ok(kills)
+}
+
+impl Scenario for Options {
+    const NAME: &'static str = "crash";
+    const PASSED: &'static str = "only requests in flight on a killed replica failed, \
+                                  answered ≤ stored ≤ answered + cut, every exit 0";
+    type Report = CrashReport;
+
+    fn common(&self) -> Common {
+        Common {
+            check: self.check,
+            out: self.out.clone(),
+            bin_dir: self.bin_dir.clone(),
+            no_install: self.no_install,
+        }
+    }
+
+    async fn run(
+        self,
+        binaries: &Binaries,
+        machine: Machine,
+        out: &Path,
+    ) -> anyhow::Result<CrashReport> {
+        run(self, binaries, machine, out).await
+    }
+
+    fn write(report: &CrashReport, out: &Path) -> anyhow::Result<()> {
+        summary::write(report, out)
+    }
+
+    fn summary(report: &CrashReport) -> String {
+        summary::summary(report)
+    }
+
+    fn verdict(report: &CrashReport) -> Result<(), String> {
+        summary::verdict(report)
+    }
 }
 
 /// Counts, in every replica's log in `logs`, the journals of dead processes

@@ -71,6 +71,107 @@ pub fn attribute(record: &Record, kills: &[Kill]) -> Option<usize> {
     })
 }
 
+/// Every request counted: by fate and protocol, per second, the latency
+/// of those answered (steady or after a kill), and every failure held
+/// against the kills.
+struct Tally {
+    requests: FateCounts,
+    http1: FateCounts,
+    http2: FateCounts,
+    steady: Histogram<u64>,
+    after_kill: Histogram<u64>,
+    ok_per_second: Vec<u64>,
+    failed_per_second: Vec<u64>,
+    latencies: Vec<Vec<Duration>>,
+    redirects_answered: u64,
+    redirects_cut: u64,
+    cut_by_kills: u64,
+    unexplained_first: Vec<Unexplained>,
+}
+
+impl Tally {
+    fn new(seconds: usize) -> Tally {
+        Tally {
+            requests: FateCounts::default(),
+            http1: FateCounts::default(),
+            http2: FateCounts::default(),
+            steady: report::histogram(),
+            after_kill: report::histogram(),
+            ok_per_second: vec![0; seconds],
+            failed_per_second: vec![0; seconds],
+            latencies: vec![Vec::new(); seconds],
+            redirects_answered: 0,
+            redirects_cut: 0,
+            cut_by_kills: 0,
+            unexplained_first: Vec::new(),
+        }
+    }
+
+    /// Counts `record`; `after_kill` says whether it was due in a kill's
+    /// window. A failure is held against `kills` ([`attribute`]).
+    fn add(&mut self, record: &Record, after_kill: bool, kills: &mut [Kill]) {
+        self.requests.add(record.fate);
+        match record.proto {
+            Proto::Http1 => self.http1.add(record.fate),
+            Proto::Http2 => self.http2.add(record.fate),
+        }
+        #[allow(clippy::cast_possible_truncation)]
+        let second = record.due.as_secs() as usize;
+        if record.fate == Fate::Success {
+            self.redirects_answered += 1;
+            if let Some(bucket) = self.ok_per_second.get_mut(second) {
+                *bucket += 1;
+            }
+            if let Some(bucket) = self.latencies.get_mut(second) {
+                bucket.push(record.latency);
+            }
+            let latency = if after_kill {
+                &mut self.after_kill
+            } else {
+                &mut self.steady
+            };
+            report::record(latency, record.latency);
+            return;
+        }
+        self.redirects_cut += 1;
+        if let Some(bucket) = self.failed_per_second.get_mut(second) {
+            *bucket += 1;
+        }
+        match attribute(record, kills) {
+            Some(index) => {
+                kills[index].cut += 1;
+                self.cut_by_kills += 1;
+            }
+            None if self.unexplained_first.len() < UNEXPLAINED_KEPT => {
+                self.unexplained_first.push(Unexplained {
+                    due_s: (record.due.as_secs_f64() * 1000.0).round() / 1000.0,
+                    latency: record.latency,
+                    fate: record.fate,
+                    status: record.status,
+                    slot: record.server,
+                    proto: record.proto,
+                });
+            }
+            None => {}
+        }
+    }
+
+    /// Per second, the p99 latency of the requests answered, ms.
+    fn p99_ms_per_second(&mut self) -> Vec<f64> {
+        self.latencies
+            .iter_mut()
+            .map(|second| {
+                second.sort();
+                let index = (second.len() * 99).div_ceil(100).saturating_sub(1);
+                second
+                    .get(index)
+                    .map_or(0.0, |d| (d.as_secs_f64() * 1e5).round() / 100.0)
+            })
+            .collect()
+    }
+}
+
+/// Sums up one durability's run.
 pub(super) fn summarize(
     durability: Durability,
     records: &[Record],
@@ -86,96 +187,38 @@ pub(super) fn summarize(
             )
         })
         .collect();
-    let mut requests = FateCounts::default();
-    let (mut http1, mut http2) = (FateCounts::default(), FateCounts::default());
-    let mut steady: Histogram<u64> = report::histogram();
-    let mut after_kill: Histogram<u64> = report::histogram();
     // Whole seconds only: a last, partial second would look like a drop.
     #[allow(clippy::cast_possible_truncation)]
     let seconds = (records.last().map_or(0, |r| r.due.as_secs()) as usize).max(1);
-    let mut ok_per_second = vec![0; seconds];
-    let mut failed_per_second = vec![0; seconds];
-    let mut latencies: Vec<Vec<Duration>> = vec![Vec::new(); seconds];
-    let (mut redirects_answered, mut redirects_cut, mut cut_by_kills) = (0, 0, 0);
-    let mut unexplained_first = Vec::new();
+    let mut tally = Tally::new(seconds);
     for record in records {
-        requests.add(record.fate);
-        match record.proto {
-            Proto::Http1 => http1.add(record.fate),
-            Proto::Http2 => http2.add(record.fate),
-        }
-        #[allow(clippy::cast_possible_truncation)]
-        let second = record.due.as_secs() as usize;
-        if record.fate == Fate::Success {
-            redirects_answered += 1;
-            if let Some(bucket) = ok_per_second.get_mut(second) {
-                *bucket += 1;
-            }
-            if let Some(bucket) = latencies.get_mut(second) {
-                bucket.push(record.latency);
-            }
-            let due = record.due.as_secs_f64();
-            if windows.iter().any(|(from, to)| (*from..*to).contains(&due)) {
-                report::record(&mut after_kill, record.latency);
-            } else {
-                report::record(&mut steady, record.latency);
-            }
-            continue;
-        }
-        redirects_cut += 1;
-        if let Some(bucket) = failed_per_second.get_mut(second) {
-            *bucket += 1;
-        }
-        match attribute(record, &kills) {
-            Some(index) => {
-                kills[index].cut += 1;
-                cut_by_kills += 1;
-            }
-            None if unexplained_first.len() < UNEXPLAINED_KEPT => {
-                unexplained_first.push(Unexplained {
-                    due_s: (record.due.as_secs_f64() * 1000.0).round() / 1000.0,
-                    latency: record.latency,
-                    fate: record.fate,
-                    status: record.status,
-                    slot: record.server,
-                    proto: record.proto,
-                });
-            }
-            None => {}
-        }
+        let due = record.due.as_secs_f64();
+        let after_kill = windows.iter().any(|(from, to)| (*from..*to).contains(&due));
+        tally.add(record, after_kill, &mut kills);
     }
-    let p99_ms_per_second = latencies
-        .iter_mut()
-        .map(|second| {
-            second.sort();
-            let index = (second.len() * 99).div_ceil(100).saturating_sub(1);
-            second
-                .get(index)
-                .map_or(0.0, |d| (d.as_secs_f64() * 1e5).round() / 100.0)
-        })
-        .collect();
+    let p99_ms_per_second = tally.p99_ms_per_second();
     FlavorResult {
         durability,
         label: durability.label(),
-        requests,
-        http1,
-        http2,
-        cut_by_kills,
-        unexplained: requests.failed() - cut_by_kills,
-        unexplained_first,
-        latency_steady: Latency::of(&steady),
-        latency_after_kill: Latency::of(&after_kill),
+        requests: tally.requests,
+        http1: tally.http1,
+        http2: tally.http2,
+        cut_by_kills: tally.cut_by_kills,
+        unexplained: tally.requests.failed() - tally.cut_by_kills,
+        latency_steady: Latency::of(&tally.steady),
+        latency_after_kill: Latency::of(&tally.after_kill),
         kills,
         final_exits: ending.final_exits,
-        redirects_answered,
-        redirects_cut,
+        redirects_answered: tally.redirects_answered,
+        redirects_cut: tally.redirects_cut,
         hits_stored: ending.hits_stored,
         replays: ending.replays,
         spill_files_left: ending.spill_files_left,
         traffic_s: (ending.traffic_s * 10.0).round() / 10.0,
-        ok_per_second,
-        failed_per_second,
         p99_ms_per_second,
+        unexplained_first: tally.unexplained_first,
+        ok_per_second: tally.ok_per_second,
+        failed_per_second: tally.failed_per_second,
         marks: ending.marks,
     }
 }
@@ -210,6 +253,9 @@ fn exits<'a>(ended: impl Iterator<Item = &'a Ended>) -> String {
         .join(", ")
 }
 
+/// A table row: its name, and a cell per durability.
+type Row<'a> = dyn Fn(&str, &dyn Fn(&FlavorResult) -> String) -> Vec<String> + 'a;
+
 /// The comparison table: one column per durability.
 pub fn summary_table(report: &CrashReport) -> String {
     let mut header = vec![String::new()];
@@ -219,6 +265,13 @@ pub fn summary_table(report: &CrashReport) -> String {
         row.extend(report.results.iter().map(cell));
         row
     };
+    let mut rows = request_rows(&row);
+    rows.extend(hit_and_restart_rows(&row));
+    report::table(&header, &rows)
+}
+
+/// The kills and what the requests went through.
+fn request_rows(row: &Row<'_>) -> Vec<Vec<String>> {
     let mut rows = vec![
         row("kills (SIGKILL, then a restart)", &|r| {
             format!(
@@ -253,6 +306,13 @@ pub fn summary_table(report: &CrashReport) -> String {
         row("latency after a kill p50 / p99 / max (ms)", &|r| {
             r.latency_after_kill.cell()
         }),
+    ]);
+    rows
+}
+
+/// The hits against the redirects, the journals, the restarts and the exits.
+fn hit_and_restart_rows(row: &Row<'_>) -> Vec<Vec<String>> {
+    vec![
         row("redirects answered 307", &|r| {
             r.redirects_answered.to_string()
         }),
@@ -293,8 +353,7 @@ pub fn summary_table(report: &CrashReport) -> String {
         row("exit codes at the end (SIGTERM)", &|r| {
             exits(r.final_exits.iter())
         }),
-    ]);
-    report::table(&header, &rows)
+    ]
 }
 
 /// The whole Markdown summary: the table, the setup, the machine.

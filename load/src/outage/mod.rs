@@ -31,30 +31,22 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::ValueEnum;
-use nix::sys::signal::Signal;
 use serde::Serialize;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::binaries::Binaries;
-use crate::haproxy::{self, Checks, Haproxy};
+use crate::fleet::seed::{self, Links};
+use crate::fleet::{self, phases, Fleet, Probe, Steady, Traffic};
+use crate::haproxy::{Checks, Haproxy};
 use crate::machine::Machine;
-use crate::postgres::PgCluster;
 use crate::raw::{self, RawConn};
-use crate::replica::{Ended, Replica, Spec};
+use crate::replica::{Ended, Spec};
 use crate::report::{self, Latency};
-use crate::traffic::{self, Mix, Targets};
+use crate::scenario::{Common, Scenario};
+use crate::traffic::Mix;
 use crate::{metric, SERVICE};
-use phase::{Database, Phase, PhaseResult};
+use phase::{Phase, PhaseResult};
 use relay::Relay;
-
-/// How long a replica may take to become ready.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How long the balancer may take to see a ready replica as UP.
-const LB_UP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long the replicas may take, after a phase, to flush every pending
 /// hit once the database answers.
@@ -270,16 +262,10 @@ pub async fn run(
     out: &Path,
 ) -> anyhow::Result<OutageReport> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    eprintln!("load: starting a throwaway PostgreSQL");
-    let cluster = Arc::new(
-        tokio::task::spawn_blocking(PgCluster::start)
-            .await
-            .context("the PostgreSQL cluster failed to start")?,
-    );
-    let result = run_flavors(&options, binaries, &cluster, out).await;
-    tokio::task::spawn_blocking(move || drop(cluster))
-        .await
-        .ok();
+    // The harness's own calls wait out a stopped or locked database.
+    let database = fleet::Database::start(Duration::from_secs(30)).await?;
+    let result = run_flavors(&options, binaries, &database, out).await;
+    database.stop().await;
     Ok(OutageReport {
         machine,
         results: result?,
@@ -290,15 +276,9 @@ pub async fn run(
 async fn run_flavors(
     options: &Options,
     binaries: &Binaries,
-    cluster: &Arc<PgCluster>,
+    database: &fleet::Database,
     out: &Path,
 ) -> anyhow::Result<Vec<FlavorResult>> {
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(30))
-        .connect(&cluster.url())
-        .await
-        .context("cannot connect to the throwaway PostgreSQL")?;
     let mut results = Vec::new();
     for flavor in &options.flavors {
         eprintln!(
@@ -308,7 +288,7 @@ async fn run_flavors(
             options.rate,
             options.phases
         );
-        let result = run_flavor(*flavor, options, binaries, cluster, &pool, out).await?;
+        let result = run_flavor(*flavor, options, binaries, database, out).await?;
         eprintln!(
             "load: {}: hits answered {} / stored {}, links answered {} / stored {}",
             result.label,
@@ -319,23 +299,45 @@ async fn run_flavors(
         );
         results.push(result);
     }
-    pool.close().await;
     Ok(results)
 }
 
-/// The replicas of one flavor's run, behind their balancer.
-struct Fleet {
-    replicas: Vec<Replica>,
-    admins: Vec<SocketAddr>,
-    slots: Vec<usize>,
+/// Replica `index`'s arguments (from 0): its own data directory, the
+/// database through its own relay, and the flavor's readiness.
+fn spec(flavor: Flavor, options: &Options, binaries: &Binaries, url: &str, data: &Path) -> Spec {
+    let mut args: Vec<std::ffi::OsString> = [
+        "server",
+        "--listen",
+        "127.0.0.1:0",
+        "--log-format",
+        "text",
+        "--request-timeout",
+        &humantime::format_duration(options.request_timeout).to_string(),
+        "--data-dir",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    args.push(data.into());
+    if flavor == Flavor::FollowsDatabase {
+        args.push("--readiness-follows-database".into());
+    }
+    Spec {
+        program: binaries.service.clone(),
+        args,
+        env: vec![("DATABASE_URL".to_owned(), url.to_owned())],
+        cpus: None,
+    }
 }
 
+/// One flavor: R replicas behind a fresh balancer, each reaching
+/// PostgreSQL through its relay; links seeded and served by every replica;
+/// then every phase, and the final stop.
 async fn run_flavor(
     flavor: Flavor,
     options: &Options,
     binaries: &Binaries,
-    cluster: &Arc<PgCluster>,
-    pool: &PgPool,
+    database: &fleet::Database,
     out: &Path,
 ) -> anyhow::Result<FlavorResult> {
     let logs = out.join(flavor.slug()).join("logs");
@@ -343,92 +345,163 @@ async fn run_flavor(
     let scratch = tempfile::Builder::new()
         .prefix(&format!("{SERVICE}-outage-"))
         .tempdir()?;
-    let checks = options.checks;
+    let replicas = usize::from(options.replicas);
     let lb = Haproxy::start(
-        checks,
-        usize::from(options.replicas),
+        options.checks,
+        replicas,
         scratch.path(),
         &logs.join("haproxy.log"),
     )
     .await?;
+    let mut fleet = Fleet::new(lb, Probe::Admin, &logs);
+    let cluster = database.cluster();
     let upstream = SocketAddr::from(([127, 0, 0, 1], cluster.port()));
+    let direct = format!(":{}/", cluster.port());
     let mut relays = Vec::new();
-    for _ in 0..options.replicas {
-        relays.push(Relay::start(upstream).await?);
+    for index in 1..=replicas {
+        let relay = Relay::start(upstream).await?;
+        let url = cluster
+            .url()
+            .replace(&direct, &format!(":{}/", relay.addr.port()));
+        let data = scratch.path().join(format!("data-r{index}"));
+        fleet
+            .add(&spec(flavor, options, binaries, &url, &data))
+            .await?;
+        relays.push(relay);
     }
-    let mut fleet = start_fleet(
-        flavor,
-        options,
-        binaries,
-        cluster,
-        &relays,
-        &lb,
-        &logs,
-        scratch.path(),
-    )
-    .await?;
-
-    sqlx::query("TRUNCATE links, link_audit")
-        .execute(pool)
-        .await
-        .context("cannot empty the links table")?;
-    let codes = seed_links(fleet.replicas[0].addr, options.links, options.seed).await?;
+    database.empty_links().await?;
+    let addr = fleet.first_addr()?;
+    let links = Links {
+        prefix: "outage",
+        count: options.links,
+        seed: options.seed,
+    };
+    let codes = seed::create(links, || RawConn::connect(addr)).await?;
     let mut warm_redirects = 0;
-    for replica in &fleet.replicas {
-        warm_redirects += warm(replica.addr, &codes).await?;
+    for member in fleet.members() {
+        warm_redirects += warm(member.process.addr, &codes).await?;
     }
-    settle(&fleet.admins).await?;
-    let mut before = stored(pool).await?;
+    let stage = Stage {
+        fleet: &fleet,
+        database: phase::Database {
+            cluster,
+            pool: database.pool(),
+            relays: &relays,
+        },
+        admins: fleet
+            .members()
+            .map(|m| m.admin.context("checked on the admin port"))
+            .collect::<anyhow::Result<_>>()?,
+        slots: fleet.members().map(|m| m.slot).collect(),
+        options,
+        codes,
+    };
+    let phases = stage.run_all(database).await?;
+    let exits = fleet.stop(EXIT_TIMEOUT).await?.exits;
+    let (hits_stored, links) = stored(database).await?;
+    Ok(FlavorResult::of(
+        flavor,
+        phases,
+        exits,
+        warm_redirects,
+        (hits_stored, links - i64::from(options.links)),
+    ))
+}
 
-    let database = Database {
-        cluster,
-        pool,
-        relays: &relays,
-    };
-    let targets = Targets {
-        http1: lb.http1,
-        http2: lb.http2,
-    };
-    let mut phases = Vec::new();
-    for (index, phase) in options.phases.iter().enumerate() {
+impl FlavorResult {
+    /// Sums up a flavor's run: its phases, the redirects that warmed the
+    /// caches, the exits, and what the database holds at the end.
+    fn of(
+        flavor: Flavor,
+        phases: Vec<PhaseResult>,
+        exits: Vec<Ended>,
+        warm_redirects: u64,
+        (hits_stored, links_stored): (i64, i64),
+    ) -> FlavorResult {
+        let redirects_answered =
+            warm_redirects + phases.iter().map(|p| p.redirects_answered).sum::<u64>();
+        let links_answered = phases.iter().map(|p| p.links_answered).sum();
+        let mut failed_fast = report::histogram();
+        for us in phases.iter().flat_map(|p| &p.failed_fast_us) {
+            report::record(&mut failed_fast, Duration::from_micros(*us));
+        }
+        FlavorResult {
+            flavor,
+            label: flavor.label(),
+            warm_redirects,
+            failed_fast: Latency::of(&failed_fast),
+            phases,
+            exits,
+            redirects_answered,
+            hits_stored,
+            links_answered,
+            links_stored,
+        }
+    }
+}
+
+/// What every phase of a flavor's run works with.
+struct Stage<'a> {
+    fleet: &'a Fleet,
+    database: phase::Database<'a>,
+    admins: Vec<SocketAddr>,
+    slots: Vec<usize>,
+    options: &'a Options,
+    codes: Arc<[String]>,
+}
+
+impl Stage<'_> {
+    /// Every phase in turn, each held against what the database gained
+    /// over it, once the replicas have flushed.
+    async fn run_all(&self, database: &fleet::Database) -> anyhow::Result<Vec<PhaseResult>> {
+        settle(&self.admins).await?;
+        let mut before = stored(database).await?;
+        let mut results = Vec::new();
+        for (index, phase) in self.options.phases.iter().enumerate() {
+            let (result, now) = self.run(index as u64, *phase, before, database).await?;
+            before = now;
+            results.push(result);
+        }
+        Ok(results)
+    }
+
+    /// One phase: traffic with its own seed, steady, the disturbance,
+    /// steady, while every replica's readiness and the balancer are
+    /// watched; then the replicas settle and the database is read.
+    async fn run(
+        &self,
+        index: u64,
+        phase: Phase,
+        before: (i64, i64),
+        database: &fleet::Database,
+    ) -> anyhow::Result<(PhaseResult, (i64, i64))> {
+        let options = self.options;
         eprintln!("load:   {}", phase.label(options));
-        let (stop, stopped) = watch::channel(false);
-        let origin = Instant::now();
-        let traffic = tokio::spawn(traffic::run(
-            options.mix(index as u64),
-            targets,
-            Arc::clone(&codes),
-            origin,
-            stopped.clone(),
-        ));
-        let script = async {
-            tokio::time::sleep(options.steady).await;
-            let disturbance = phase::disturb(*phase, &database, options, origin).await;
-            if disturbance.is_ok() {
-                tokio::time::sleep(options.steady).await;
-            }
-            let _ = stop.send(true);
-            disturbance
-        };
-        let (timeline, disturbance) = tokio::join!(
-            monitor::watch(&fleet.admins, &lb, &fleet.slots, origin, stopped),
-            script
+        let traffic = Traffic::start(
+            options.mix(index),
+            self.fleet.targets(),
+            Arc::clone(&self.codes),
         );
-        let records = traffic.await.context("the traffic task failed")?;
-        let disturbance = disturbance?;
-        let traffic_s = origin.elapsed().as_secs_f64();
-        settle(&fleet.admins).await?;
-        let now = stored(pool).await?;
+        let origin = traffic.origin;
+        let stopped = traffic.stopped();
+        let disturbing = phase::disturb(phase, &self.database, options, origin);
+        let (timeline, outcome) = tokio::join!(
+            monitor::watch(&self.admins, self.fleet.lb(), &self.slots, origin, stopped),
+            phases(traffic, Steady::around(options.steady), disturbing)
+        );
+        let (disturbance, ran) = outcome?;
+        settle(&self.admins).await?;
+        let now = stored(database).await?;
         let result = PhaseResult::of(
-            *phase,
-            options,
-            &records,
-            timeline,
-            disturbance,
-            traffic_s,
+            phase::Observed {
+                phase,
+                options,
+                ran: &ran,
+                timeline,
+                disturbance,
+            },
             (now.0 - before.0, now.1 - before.1),
         );
-        before = now;
         eprintln!(
             "load:     redirects {} failed / {}, creations {} failed / {}, reads {} failed / {}; hits answered {} / stored {}",
             result.redirects.failed(),
@@ -440,122 +513,8 @@ async fn run_flavor(
             result.redirects_answered,
             result.hits_stored
         );
-        phases.push(result);
+        Ok((result, now))
     }
-
-    let sigterm = Instant::now();
-    for replica in &fleet.replicas {
-        replica.signal(Signal::SIGTERM)?;
-    }
-    let mut exits = Vec::new();
-    for replica in &mut fleet.replicas {
-        exits.push(replica.wait_exit(sigterm, EXIT_TIMEOUT).await);
-    }
-    lb.stop().await;
-    let (hits_stored, links) = stored(pool).await?;
-    let redirects_answered =
-        warm_redirects + phases.iter().map(|p| p.redirects_answered).sum::<u64>();
-    let links_answered = phases.iter().map(|p| p.links_answered).sum();
-    let mut failed_fast = report::histogram();
-    for us in phases.iter().flat_map(|p| &p.failed_fast_us) {
-        report::record(&mut failed_fast, Duration::from_micros(*us));
-    }
-    Ok(FlavorResult {
-        flavor,
-        label: flavor.label(),
-        warm_redirects,
-        failed_fast: Latency::of(&failed_fast),
-        phases,
-        exits,
-        redirects_answered,
-        hits_stored,
-        links_answered,
-        links_stored: links - i64::from(options.links),
-    })
-}
-
-/// Starts the replicas, each reaching PostgreSQL through its relay, and
-/// puts each into the balancer's slot of its number, health-checked on its
-/// admin port.
-#[allow(clippy::too_many_arguments)]
-async fn start_fleet(
-    flavor: Flavor,
-    options: &Options,
-    binaries: &Binaries,
-    cluster: &PgCluster,
-    relays: &[Relay],
-    lb: &Haproxy,
-    logs: &Path,
-    scratch: &Path,
-) -> anyhow::Result<Fleet> {
-    let mut fleet = Fleet {
-        replicas: Vec::new(),
-        admins: Vec::new(),
-        slots: Vec::new(),
-    };
-    let direct = format!(":{}/", cluster.port());
-    for (index, relay) in relays.iter().enumerate() {
-        let name = format!("r{}", index + 1);
-        let mut args: Vec<std::ffi::OsString> = [
-            "server",
-            "--listen",
-            "127.0.0.1:0",
-            "--log-format",
-            "text",
-            "--request-timeout",
-            &humantime::format_duration(options.request_timeout).to_string(),
-            "--data-dir",
-        ]
-        .iter()
-        .map(Into::into)
-        .collect();
-        args.push(scratch.join(format!("data-{name}")).into_os_string());
-        if flavor == Flavor::FollowsDatabase {
-            args.push("--readiness-follows-database".into());
-        }
-        let url = cluster
-            .url()
-            .replace(&direct, &format!(":{}/", relay.addr.port()));
-        let spec = Spec {
-            program: binaries.service.clone(),
-            args,
-            env: vec![("DATABASE_URL".to_owned(), url)],
-            cpus: None,
-        };
-        let replica = Replica::spawn(&name, &spec, &logs.join(format!("{name}.log"))).await?;
-        let admin = replica.admin_addr().await?;
-        replica
-            .wait_ready_at(admin, "/readyz", READY_TIMEOUT)
-            .await?;
-        let slot = index + 1;
-        lb.enable_checked_at(slot, replica.addr, admin.port())
-            .await?;
-        lb.wait_status(slot, "up", haproxy::is_up, LB_UP_TIMEOUT)
-            .await?;
-        fleet.replicas.push(replica);
-        fleet.admins.push(admin);
-        fleet.slots.push(slot);
-    }
-    Ok(fleet)
-}
-
-/// Creates `count` links through `addr`; returns their codes.
-async fn seed_links(addr: SocketAddr, count: u32, seed: u64) -> anyhow::Result<Arc<[String]>> {
-    let mut conn = RawConn::connect(addr).await?;
-    let mut codes = Vec::new();
-    for n in 0..count {
-        let code = format!("outage-{n}");
-        let body = format!(r#"{{"url":"https://example.com/outage/{seed}/{n}","code":"{code}"}}"#);
-        let head = conn.exchange(&raw::post_json("/api/links", &body)).await?;
-        if head.status != 201 {
-            bail!("creating link {code} answered {}", head.status);
-        }
-        if head.close {
-            conn = RawConn::connect(addr).await?;
-        }
-        codes.push(code);
-    }
-    Ok(codes.into())
 }
 
 /// Redirects every code once through `addr`, so that replica has them
@@ -607,12 +566,43 @@ async fn settle(admins: &[SocketAddr]) -> anyhow::Result<()> {
 }
 
 /// `SUM(links.hits)` and the number of links.
-async fn stored(pool: &PgPool) -> anyhow::Result<(i64, i64)> {
-    let hits = sqlx::query_scalar("SELECT COALESCE(SUM(hits), 0)::BIGINT FROM links")
-        .fetch_one(pool)
-        .await?;
-    let links = sqlx::query_scalar("SELECT COUNT(*) FROM links")
-        .fetch_one(pool)
-        .await?;
-    Ok((hits, links))
+async fn stored(database: &fleet::Database) -> anyhow::Result<(i64, i64)> {
+    Ok((database.hits_stored().await?, database.links().await?))
+}
+
+impl Scenario for Options {
+    const NAME: &'static str = "outage";
+    const PASSED: &'static str = "no failed redirect, failing fast behind an open breaker, \
+                                  every replica ready throughout, no lost hit";
+    type Report = OutageReport;
+
+    fn common(&self) -> Common {
+        Common {
+            check: self.check,
+            out: self.out.clone(),
+            bin_dir: self.bin_dir.clone(),
+            no_install: self.no_install,
+        }
+    }
+
+    async fn run(
+        self,
+        binaries: &Binaries,
+        machine: Machine,
+        out: &Path,
+    ) -> anyhow::Result<OutageReport> {
+        run(self, binaries, machine, out).await
+    }
+
+    fn write(report: &OutageReport, out: &Path) -> anyhow::Result<()> {
+        summary::write(report, out)
+    }
+
+    fn summary(report: &OutageReport) -> String {
+        summary::summary(report)
+    }
+
+    fn verdict(report: &OutageReport) -> Result<(), String> {
+        summary::verdict(report)
+    }
 }

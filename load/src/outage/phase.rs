@@ -15,6 +15,7 @@ use super::monitor::Timeline;
 use super::relay::Relay;
 use super::Options;
 use crate::fate::{Fate, FateCounts};
+use crate::fleet::Ran;
 use crate::postgres::PgCluster;
 use crate::report::{self, Latency};
 use crate::traffic::{Kind, Record};
@@ -205,91 +206,146 @@ pub struct PhaseResult {
     pub timeline: Timeline,
 }
 
+/// What a phase's run left to sum up, beside what the database gained.
+pub struct Observed<'a> {
+    /// Which phase.
+    pub phase: Phase,
+    /// The run's options.
+    pub options: &'a Options,
+    /// The phase's traffic.
+    pub ran: &'a Ran,
+    /// Every `/readyz` reading and the balancer's view.
+    pub timeline: Timeline,
+    /// When the database was disturbed.
+    pub disturbance: Disturbance,
+}
+
+/// A phase's requests counted: by kind, per second, the latency of those
+/// that needed the database, and the 503s behind an open breaker.
+struct Tally {
+    redirects: FateCounts,
+    creations: FateCounts,
+    reads: FateCounts,
+    failed_fast: Histogram<u64>,
+    failed_fast_us: Vec<u64>,
+    failed_fast_without_retry_after: u64,
+    unavailable: u64,
+    with_retry_after: u64,
+    database_latency: Histogram<u64>,
+    recovered_after: Duration,
+    ok_per_second: Vec<u64>,
+    failed_per_second: Vec<u64>,
+    redirects_answered: u64,
+    links_answered: u64,
+}
+
+impl Tally {
+    fn new(seconds: usize) -> Tally {
+        Tally {
+            redirects: FateCounts::default(),
+            creations: FateCounts::default(),
+            reads: FateCounts::default(),
+            failed_fast: report::histogram(),
+            failed_fast_us: Vec::new(),
+            failed_fast_without_retry_after: 0,
+            unavailable: 0,
+            with_retry_after: 0,
+            database_latency: report::histogram(),
+            recovered_after: Duration::ZERO,
+            ok_per_second: vec![0; seconds],
+            failed_per_second: vec![0; seconds],
+            redirects_answered: 0,
+            links_answered: 0,
+        }
+    }
+
+    /// Counts `record` by kind, answer and second.
+    fn add(&mut self, record: &Record) {
+        match record.kind {
+            Kind::Redirect => self.redirects.add(record.fate),
+            Kind::Create => self.creations.add(record.fate),
+            Kind::Read => self.reads.add(record.fate),
+        }
+        match (record.kind, record.status) {
+            (Kind::Redirect, 307) => self.redirects_answered += 1,
+            (Kind::Create, 201) => self.links_answered += 1,
+            _ => {}
+        }
+        #[allow(clippy::cast_possible_truncation)]
+        let second = record.due.as_secs() as usize;
+        let bucket = if record.fate == Fate::Success {
+            self.ok_per_second.get_mut(second)
+        } else {
+            self.failed_per_second.get_mut(second)
+        };
+        if let Some(bucket) = bucket {
+            *bucket += 1;
+        }
+    }
+
+    /// Counts a request that needed the database: its latency, a failure
+    /// after the database answered again, a 503 and whether the replica's
+    /// breaker was open then.
+    fn add_database(&mut self, record: &Record, timeline: &Timeline, answering: Duration) {
+        report::record(&mut self.database_latency, record.latency);
+        if record.fate.is_failure() && record.due >= answering {
+            self.recovered_after = self.recovered_after.max(record.due - answering);
+        }
+        if record.status != 503 {
+            return;
+        }
+        self.unavailable += 1;
+        self.with_retry_after += u64::from(record.retry_after);
+        let replica = record
+            .server
+            .map(|slot| usize::from(slot).saturating_sub(1));
+        let open = replica.is_some_and(|replica| {
+            timeline.breaker_open(replica, record.due, record.due + record.latency)
+        });
+        if open {
+            report::record(&mut self.failed_fast, record.latency);
+            self.failed_fast_us
+                .push(u64::try_from(record.latency.as_micros()).unwrap_or(u64::MAX));
+            self.failed_fast_without_retry_after += u64::from(!record.retry_after);
+        }
+    }
+}
+
 impl PhaseResult {
     /// Sums up one phase: its requests, its readings, and what the database
     /// gained (`hits_stored`, `links_stored`: the growth over the phase).
-    pub fn of(
-        phase: Phase,
-        options: &Options,
-        records: &[Record],
-        timeline: Timeline,
-        disturbance: Disturbance,
-        traffic_s: f64,
-        (hits_stored, links_stored): (i64, i64),
-    ) -> PhaseResult {
-        let mut redirects = FateCounts::default();
-        let mut creations = FateCounts::default();
-        let mut reads = FateCounts::default();
-        let mut failed_fast: Histogram<u64> = report::histogram();
-        let mut failed_fast_us = Vec::new();
-        let mut database_latency: Histogram<u64> = report::histogram();
-        let (mut failed_fast_without_retry_after, mut unavailable, mut with_retry_after) =
-            (0, 0, 0);
-        let mut recovered_after = Duration::ZERO;
+    pub fn of(observed: Observed<'_>, (hits_stored, links_stored): (i64, i64)) -> PhaseResult {
+        let Observed {
+            phase,
+            options,
+            ran,
+            timeline,
+            disturbance,
+        } = observed;
+        let records = &ran.records;
         #[allow(clippy::cast_possible_truncation)]
         let seconds = (records.last().map_or(0, |r| r.due.as_secs()) as usize).max(1);
-        let mut ok_per_second = vec![0; seconds];
-        let mut failed_per_second = vec![0; seconds];
-        let (mut redirects_answered, mut links_answered) = (0, 0);
+        let mut tally = Tally::new(seconds);
         for record in records {
-            match record.kind {
-                Kind::Redirect => redirects.add(record.fate),
-                Kind::Create => creations.add(record.fate),
-                Kind::Read => reads.add(record.fate),
-            }
-            match (record.kind, record.status) {
-                (Kind::Redirect, 307) => redirects_answered += 1,
-                (Kind::Create, 201) => links_answered += 1,
-                _ => {}
-            }
-            #[allow(clippy::cast_possible_truncation)]
-            let second = record.due.as_secs() as usize;
-            let bucket = if record.fate == Fate::Success {
-                ok_per_second.get_mut(second)
-            } else {
-                failed_per_second.get_mut(second)
-            };
-            if let Some(bucket) = bucket {
-                *bucket += 1;
-            }
-            if !record.kind.needs_database() {
-                continue;
-            }
-            report::record(&mut database_latency, record.latency);
-            if record.fate.is_failure() && record.due >= disturbance.answering {
-                recovered_after = recovered_after.max(record.due - disturbance.answering);
-            }
-            if record.status != 503 {
-                continue;
-            }
-            unavailable += 1;
-            with_retry_after += u64::from(record.retry_after);
-            let replica = record
-                .server
-                .map(|slot| usize::from(slot).saturating_sub(1));
-            let open = replica.is_some_and(|replica| {
-                timeline.breaker_open(replica, record.due, record.due + record.latency)
-            });
-            if open {
-                report::record(&mut failed_fast, record.latency);
-                failed_fast_us.push(u64::try_from(record.latency.as_micros()).unwrap_or(u64::MAX));
-                failed_fast_without_retry_after += u64::from(!record.retry_after);
+            tally.add(record);
+            if record.kind.needs_database() {
+                tally.add_database(record, &timeline, disturbance.answering);
             }
         }
         PhaseResult {
             phase,
             label: phase.label(options),
-            traffic_s: (traffic_s * 10.0).round() / 10.0,
+            traffic_s: (ran.traffic_s * 10.0).round() / 10.0,
             disturbance,
-            redirects,
-            creations,
-            reads,
-            failed_fast: Latency::of(&failed_fast),
-            failed_fast_without_retry_after,
-            failed_fast_us,
-            unavailable: (unavailable, with_retry_after),
-            database_latency: Latency::of(&database_latency),
-            recovered_after,
+            redirects: tally.redirects,
+            creations: tally.creations,
+            reads: tally.reads,
+            failed_fast: Latency::of(&tally.failed_fast),
+            failed_fast_without_retry_after: tally.failed_fast_without_retry_after,
+            failed_fast_us: tally.failed_fast_us,
+            unavailable: (tally.unavailable, tally.with_retry_after),
+            database_latency: Latency::of(&tally.database_latency),
+            recovered_after: tally.recovered_after,
             not_ready: timeline
                 .not_ready()
                 .into_iter()
@@ -297,12 +353,12 @@ impl PhaseResult {
                 .collect(),
             down_s: timeline.down_seconds(),
             lb_min_up: timeline.lb_min_up(),
-            redirects_answered,
+            redirects_answered: tally.redirects_answered,
             hits_stored,
-            links_answered,
+            links_answered: tally.links_answered,
             links_stored,
-            ok_per_second,
-            failed_per_second,
+            ok_per_second: tally.ok_per_second,
+            failed_per_second: tally.failed_per_second,
             timeline,
         }
     }

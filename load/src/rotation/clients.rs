@@ -32,6 +32,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use crate::fate::Fate;
+use crate::fleet::Stoppable;
 use crate::raw;
 use crate::tls::{self, TlsConn};
 
@@ -65,7 +66,8 @@ pub(super) struct Record {
     pub(super) retried: bool,
 }
 
-/// The clients at work, from their origin until [`Traffic::finish`].
+/// The clients at work, from their origin until they are stopped
+/// ([`Stoppable::stop`]).
 #[derive(Debug)]
 pub(super) struct Traffic {
     /// When the first request was due: the clock of every series.
@@ -104,12 +106,13 @@ impl Traffic {
             tls,
         }
     }
+}
+
+impl Stoppable for Traffic {
+    type Ran = Finished;
 
     /// Stops the clients and waits for the requests still out.
-    ///
-    /// # Errors
-    /// If the clients' task panicked.
-    pub(super) async fn finish(self) -> anyhow::Result<Finished> {
+    async fn stop(self) -> anyhow::Result<Finished> {
         let _ = self.stop.send(true);
         let traffic_s = self.origin.elapsed().as_secs_f64();
         let records = self.task.await.context("the clients failed")?;

@@ -37,14 +37,14 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::ValueEnum;
 use serde::Serialize;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
 use tempfile::TempDir;
 
 use crate::binaries::Binaries;
+use crate::fleet::seed::{self, Links};
+use crate::fleet::Database;
 use crate::haproxy::Checks;
 use crate::machine::Machine;
-use crate::postgres::PgCluster;
+use crate::scenario::{Common, Scenario};
 use crate::tls;
 use crate::SERVICE;
 use fleet::Fleet;
@@ -232,8 +232,7 @@ struct Rig<'a> {
     options: &'a Options,
     program: PathBuf,
     certificates: tls::Certificates,
-    url: String,
-    pool: PgPool,
+    database: &'a Database,
     out: &'a Path,
 }
 
@@ -271,34 +270,33 @@ impl Rig<'_> {
     ) -> anyhow::Result<(Fleet, TempDir, Arc<[String]>)> {
         let (scratch, logs) = self.dirs(slug)?;
         let data = scratch.path().join("data");
-        let spec = fleet::spec(&self.program, &self.certificates, &data, &self.url, extra);
+        let url = self.database.url();
+        let spec = fleet::spec(&self.program, &self.certificates, &data, &url, extra);
         let o = self.options;
         let mut fleet = Fleet::start(o.checks, spec, o.seed, scratch.path(), &logs).await?;
         for _ in 0..replicas {
             fleet.add().await?;
         }
-        let first = fleet.first_addr().context("no replica")?;
+        let first = fleet.first_addr()?;
         let codes = self.fresh_links(first).await?;
         Ok((fleet, scratch, codes))
     }
 
     /// Empties the links table and seeds `links` links through `addr`.
     async fn fresh_links(&self, addr: SocketAddr) -> anyhow::Result<Arc<[String]>> {
-        sqlx::query("TRUNCATE links, link_audit")
-            .execute(&self.pool)
-            .await
-            .context("cannot empty the links table")?;
+        self.database.empty_links().await?;
         let client = self.tls_client()?;
-        fleet::seed_links(addr, &client, self.options.links, self.options.seed).await
+        let links = Links {
+            prefix: "seed",
+            count: self.options.links,
+            seed: self.options.seed,
+        };
+        seed::create(links, || client.connect(addr)).await
     }
 
     /// `SUM(links.hits)`, once every replica has exited.
     async fn hits_stored(&self) -> anyhow::Result<i64> {
-        Ok(
-            sqlx::query_scalar("SELECT COALESCE(SUM(hits), 0)::BIGINT FROM links")
-                .fetch_one(&self.pool)
-                .await?,
-        )
+        self.database.hits_stored().await
     }
 }
 
@@ -323,14 +321,9 @@ pub async fn run(
             options.checks.worst_lag()
         );
     }
-    eprintln!("load: starting a throwaway PostgreSQL");
-    let cluster = tokio::task::spawn_blocking(PgCluster::start)
-        .await
-        .context("the PostgreSQL cluster failed to start")?;
-    let result = run_parts(&options, binaries, &cluster.url(), out).await;
-    tokio::task::spawn_blocking(move || drop(cluster))
-        .await
-        .ok();
+    let database = Database::start(Duration::from_secs(10)).await?;
+    let result = run_parts(&options, binaries, &database, out).await;
+    database.stop().await;
     let (storm, scale_up) = result?;
     Ok(RotationReport {
         machine,
@@ -343,15 +336,9 @@ pub async fn run(
 async fn run_parts(
     options: &Options,
     binaries: &Binaries,
-    url: &str,
+    database: &Database,
     out: &Path,
 ) -> anyhow::Result<(Vec<StormResult>, Vec<ScaleUpResult>)> {
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(url)
-        .await
-        .context("cannot connect to the throwaway PostgreSQL")?;
     // The replicas read the chain and its key from here for the whole run.
     let tls_dir = tempfile::Builder::new()
         .prefix(&format!("{SERVICE}-rotation-tls-"))
@@ -361,8 +348,7 @@ async fn run_parts(
         options,
         program: binaries.service.clone(),
         certificates,
-        url: url.to_owned(),
-        pool,
+        database,
         out,
     };
     let mut storm = Vec::new();
@@ -377,7 +363,43 @@ async fn run_parts(
             scale_up.push(scaleup::run(&rig, age).await?);
         }
     }
-    rig.pool.close().await;
     drop(tls_dir);
     Ok((storm, scale_up))
+}
+
+impl Scenario for Options {
+    const NAME: &'static str = "rotation";
+    const PASSED: &'static str = "no failed request, every hit stored, a gradual drain's \
+                                  storm within its bound, the new replica served once connections age";
+    type Report = RotationReport;
+
+    fn common(&self) -> Common {
+        Common {
+            check: self.check,
+            out: self.out.clone(),
+            bin_dir: self.bin_dir.clone(),
+            no_install: self.no_install,
+        }
+    }
+
+    async fn run(
+        self,
+        binaries: &Binaries,
+        machine: Machine,
+        out: &Path,
+    ) -> anyhow::Result<RotationReport> {
+        run(self, binaries, machine, out).await
+    }
+
+    fn write(report: &RotationReport, out: &Path) -> anyhow::Result<()> {
+        summary::write(report, out)
+    }
+
+    fn summary(report: &RotationReport) -> String {
+        summary::summary(report)
+    }
+
+    fn verdict(report: &RotationReport) -> Result<(), String> {
+        summary::verdict(report)
+    }
 }

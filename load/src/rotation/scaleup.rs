@@ -22,6 +22,7 @@ use super::fleet::{self, Fleet};
 use super::series::{self, ReplicaSeries};
 use super::{Rig, SHUTDOWN_TIMEOUT};
 use crate::fate::{Fate, FateCounts};
+use crate::fleet::{phases, Steady};
 use crate::replica::Ended;
 use crate::report::{self, Latency, Mark};
 
@@ -145,9 +146,13 @@ pub(super) async fn run(rig: &Rig<'_>, age: Option<Duration>) -> anyhow::Result<
     let traffic = Traffic::start(load, fleet.target(), rig.tls_client()?, codes);
     let origin = traffic.origin;
     fleet.begin(origin);
-    let added = add_and_watch(&mut fleet, o.steady, window).await;
-    let done = traffic.finish().await?;
-    let (new_replica, up) = added?;
+    // Watched to the end of the window: no steady stretch after it.
+    let steady = Steady {
+        before: o.steady,
+        after: Duration::ZERO,
+    };
+    let watching = add_and_watch(&mut fleet, window);
+    let ((new_replica, up), done) = phases(traffic, steady, watching).await?;
     let stopped = fleet.stop(o.exit_bound()).await?;
     drop(scratch);
     let watched = Watched {
@@ -157,24 +162,12 @@ pub(super) async fn run(rig: &Rig<'_>, age: Option<Duration>) -> anyhow::Result<
         window,
     };
     let hits_stored = rig.hits_stored().await?;
-    Ok(summarize(
-        age,
-        &done,
-        &watched,
-        stopped,
-        hits_stored,
-        origin,
-    ))
+    Ok(summarize(age, &done, &watched, stopped, hits_stored))
 }
 
-/// After `steady`, adds a replica and watches it for `window` from the
-/// moment it is UP; returns its name and that moment.
-async fn add_and_watch(
-    fleet: &mut Fleet,
-    steady: Duration,
-    window: Duration,
-) -> anyhow::Result<(String, Instant)> {
-    tokio::time::sleep(steady).await;
+/// Adds a replica and watches it for `window` from the moment it is UP;
+/// returns its name and that moment.
+async fn add_and_watch(fleet: &mut Fleet, window: Duration) -> anyhow::Result<(String, Instant)> {
     let added = fleet.add().await?;
     let up = added.started + added.up_after;
     eprintln!("load:   {} UP after {:?}", added.name, added.up_after);
@@ -199,7 +192,6 @@ fn summarize(
     watched: &Watched,
     stopped: fleet::Stopped,
     hits_stored: i64,
-    origin: Instant,
 ) -> ScaleUpResult {
     let ticks = series::ticks_in(done.traffic_s);
     let per_tick = series::per_tick(&stopped.traces, ticks, series::REDIRECTS);
@@ -236,7 +228,7 @@ fn summarize(
         hits_stored,
         final_exits: stopped.exits,
         traffic_s: (done.traffic_s * 10.0).round() / 10.0,
-        marks: series::marks(origin, &stopped.marks),
+        marks: stopped.marks,
     }
 }
 

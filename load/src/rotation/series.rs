@@ -12,7 +12,6 @@ use super::clients::Record;
 use super::fleet::Trace;
 use super::scrape::{Reading, TICK};
 use crate::fate::Fate;
-use crate::report::{Mark, MarkKind};
 
 /// One replica's counts, one per bucket.
 #[derive(Clone, Debug, Serialize)]
@@ -144,21 +143,6 @@ pub(super) fn seconds(origin: Instant, at: Instant) -> f64 {
         None => -origin.duration_since(at).as_secs_f64(),
     };
     (s * 1000.0).round() / 1000.0
-}
-
-/// The fleet's moments on the traffic's clock, those before it dropped.
-pub(super) fn marks(origin: Instant, moments: &[(Instant, MarkKind, String)]) -> Vec<Mark> {
-    let mut marks: Vec<Mark> = moments
-        .iter()
-        .filter(|(at, _, _)| *at >= origin)
-        .map(|(at, kind, replica)| Mark {
-            at_s: seconds(origin, *at),
-            kind: *kind,
-            replica: replica.clone(),
-        })
-        .collect();
-    marks.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
-    marks
 }
 
 #[cfg(test)]

@@ -17,10 +17,11 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::clients::{Load, Record, Traffic};
-use super::fleet::{self, Added, Fleet, Retired};
+use super::fleet::{self, Fleet};
 use super::series::{self, ReplicaSeries};
 use super::{Options, Rig, Spread, SHUTDOWN_TIMEOUT};
 use crate::fate::{Fate, FateCounts};
+use crate::fleet::{phases, Added, Retired, Steady};
 use crate::replica::Ended;
 use crate::report::{self, Latency, Mark};
 
@@ -164,9 +165,8 @@ pub(super) async fn run(rig: &Rig<'_>, spread: Spread, round: u16) -> anyhow::Re
     let traffic = Traffic::start(load(o), fleet.target(), rig.tls_client()?, codes);
     let origin = traffic.origin;
     fleet.begin(origin);
-    let steps = replace_all(&mut fleet, o).await;
-    let done = traffic.finish().await?;
-    let steps = steps?;
+    let replacing = replace_all(&mut fleet, o);
+    let (steps, done) = phases(traffic, Steady::around(o.steady), replacing).await?;
     let stopped = fleet.stop(o.exit_bound()).await?;
     drop(scratch);
     let hits_stored = rig.hits_stored().await?;
@@ -198,12 +198,14 @@ fn load(o: &Options) -> Load {
     }
 }
 
-/// Steady traffic, every replica replaced in turn (a tail apart), steady
-/// traffic again.
+/// Every replica replaced in turn, a tail apart (the steady traffic
+/// around them is the runner's).
 async fn replace_all(fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<Step>> {
-    tokio::time::sleep(o.steady).await;
     let mut steps = Vec::new();
     for k in 1..=o.replicas {
+        if k > 1 {
+            tokio::time::sleep(o.tail()).await;
+        }
         let added = fleet.add().await?;
         let retired = fleet.retire_oldest(o.exit_bound()).await?;
         eprintln!(
@@ -220,9 +222,7 @@ async fn replace_all(fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<Step>
                 .map_or_else(|| "-".to_owned(), |d| format!("{d:?}"))
         );
         steps.push(Step { added, retired });
-        tokio::time::sleep(o.tail()).await;
     }
-    tokio::time::sleep(o.steady.saturating_sub(o.tail())).await;
     Ok(steps)
 }
 
@@ -310,7 +310,7 @@ fn summarize(
         p50_ms_per_second: p50,
         p99_ms_per_second: p99,
         max_ms_per_second: max,
-        marks: series::marks(run.origin, &stopped.marks),
+        marks: stopped.marks,
         replacements,
     }
 }

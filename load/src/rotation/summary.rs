@@ -293,16 +293,7 @@ pub fn scale_up_table(report: &RotationReport) -> String {
             "new replica UP at (s)",
             Box::new(|r: &ScaleUpResult| format!("{:.1}", r.added_at_s)),
         ),
-        (
-            "**new replica's share, last second**",
-            Box::new(|r: &ScaleUpResult| {
-                format!(
-                    "**{}** (fair {})",
-                    percent(r.new_share_end),
-                    percent(r.fair_share)
-                )
-            }),
-        ),
+        ("**new replica's share, last second**", Box::new(new_share)),
         (
             "**within 10 % of fair for good after**",
             Box::new(move |r: &ScaleUpResult| match r.within_after_s {
@@ -310,22 +301,7 @@ pub fn scale_up_table(report: &RotationReport) -> String {
                 None => format!("**never** in {:.0} s", r.window_s),
             }),
         ),
-        (
-            "every replica's share, last second",
-            Box::new(|r: &ScaleUpResult| {
-                r.share_per_second
-                    .iter()
-                    .map(|s| {
-                        format!(
-                            "{} {}",
-                            s.replica,
-                            percent(s.share.last().copied().unwrap_or(0.0))
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            }),
-        ),
+        ("every replica's share, last second", Box::new(last_shares)),
         (
             "connections closed (by/reason)",
             Box::new(|r: &ScaleUpResult| closes(&r.closed)),
@@ -348,6 +324,31 @@ pub fn scale_up_table(report: &RotationReport) -> String {
         ),
     ];
     table(&header, &report.scale_up, rows)
+}
+
+/// The new replica's share in the last second watched, and its fair one.
+fn new_share(result: &ScaleUpResult) -> String {
+    format!(
+        "**{}** (fair {})",
+        percent(result.new_share_end),
+        percent(result.fair_share)
+    )
+}
+
+/// Every replica's share in the last second: `r1 33 %, r2 …`.
+fn last_shares(result: &ScaleUpResult) -> String {
+    result
+        .share_per_second
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {}",
+                s.replica,
+                percent(s.share.last().copied().unwrap_or(0.0))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The whole Markdown summary: the tables, the setup, the machine.

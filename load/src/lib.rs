@@ -44,6 +44,8 @@
 //!   client for closed-loop benchmarks and idle connections.
 //! - [`replica`]: one server child process; [`haproxy`]: the balancer child
 //!   and its runtime API.
+//! - [`metrics`]: a replica's `/metrics`, read over the raw client and
+//!   parsed by a text-format parser crate: samples, labels and sums.
 //! - [`report`]: tables, JSON and the SVG picture; [`machine`]: what ran it.
 //! - [`binaries`]: building and finding the servers, installing test tools.
 //! - [`otlp_sink`]: the OTLP receiver the traces benchmark exports to.
@@ -59,6 +61,7 @@ pub mod crash;
 pub use lameduck_testkit::fate;
 pub mod haproxy;
 pub mod machine;
+pub mod metrics;
 pub mod otlp_sink;
 pub mod outage;
 pub mod raw;

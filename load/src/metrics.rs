@@ -55,7 +55,7 @@ impl Metrics {
     /// If the page breaks its format.
     pub fn parse(text: &str) -> anyhow::Result<Metrics> {
         let mut samples = if text.lines().any(|line| line == "# EOF") {
-            let page = openmetrics::parse_openmetrics(text)
+            let page = openmetrics::parse_openmetrics(&without_empty_families(text))
                 .map_err(|error| anyhow::anyhow!("{error}"))
                 .context("not an OpenMetrics text page")?;
             flatten(&page, openmetrics_points)?
@@ -91,6 +91,37 @@ impl Metrics {
             .find(|sample| &sample.labels == labels)
             .map(|sample| sample.value)
     }
+}
+
+/// `text` without the `HELP`, `TYPE` and `UNIT` lines of the families
+/// that have no sample. The format allows such a family (the service
+/// writes one for every labelled metric not used yet), but the crate reads
+/// it and the next family's lines as one family and refuses the page; it
+/// adds no sample, so leaving its lines out loses nothing.
+fn without_empty_families(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut kept = String::with_capacity(text.len());
+    for (index, line) in lines.iter().enumerate() {
+        if let Some(name) = described(line) {
+            let after = lines[index + 1..]
+                .iter()
+                .find(|next| described(next) != Some(name));
+            if !after.is_some_and(|next| !next.starts_with('#')) {
+                continue;
+            }
+        }
+        kept.push_str(line);
+        kept.push('\n');
+    }
+    kept
+}
+
+/// The family a `# HELP`, `# TYPE` or `# UNIT` line describes.
+fn described(line: &str) -> Option<&str> {
+    let rest = ["# HELP ", "# TYPE ", "# UNIT "]
+        .iter()
+        .find_map(|prefix| line.strip_prefix(prefix))?;
+    rest.split(' ').next()
 }
 
 // === reading a page ===
@@ -283,12 +314,17 @@ mod tests {
             .collect()
     }
 
-    /// The service's own format: labels with braces, commas and escapes in
-    /// their values, a labelled histogram up to `+Inf`, a family with no
-    /// series yet last, as the service's empty families are.
+    /// The service's own format: families with no series yet (first, one
+    /// after the other, and last, as the service writes them), labels with
+    /// braces, commas and escapes in their values, a labelled histogram up
+    /// to `+Inf`.
     #[test]
     fn an_openmetrics_page_with_labels_escapes_and_a_histogram_is_read() {
-        let page = "# HELP req Requests.\n\
+        let page = "# HELP early Nothing yet.\n\
+            # TYPE early counter\n\
+            # HELP before Nothing yet either.\n\
+            # TYPE before gauge\n\
+            # HELP req Requests.\n\
             # TYPE req counter\n\
             req_total{route=\"/{code}\",status=\"3xx\"} 500\n\
             req_total{route=\"/a,b=\\\"c\\\"\",status=\"4xx\"} 2\n\
@@ -337,6 +373,42 @@ mod tests {
         assert_eq!(file.label("path"), Some("C:\\DIR\\FILE.TXT"));
         assert_eq!(file.label("error"), Some("Cannot find file:\n\"FILE.TXT\""));
         assert_eq!(metrics.sum("something_weird"), f64::INFINITY);
+    }
+
+    /// A page as the service's encoder writes it: labelled families not
+    /// used yet, one after the other, and a labelled histogram.
+    #[test]
+    fn a_page_of_the_services_encoder_is_read() {
+        use prometheus_client::encoding::text::encode;
+        use prometheus_client::metrics::counter::Counter;
+        use prometheus_client::metrics::family::Family;
+        use prometheus_client::metrics::gauge::Gauge;
+        use prometheus_client::metrics::histogram::Histogram;
+        use prometheus_client::registry::Registry;
+
+        type Labels = Vec<(String, String)>;
+        let mut registry = Registry::with_prefix("svc");
+        let unused = Family::<Labels, Counter>::default();
+        registry.register("unused", "Not used yet", unused);
+        let idle = Family::<Labels, Gauge>::default();
+        registry.register("idle", "Not used either", idle);
+        let open = Family::<Labels, Gauge>::default();
+        registry.register("open", "Open connections", open.clone());
+        let took = Family::<Labels, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.5, 1.0].into_iter())
+        });
+        registry.register("took", "Time taken", took.clone());
+        let route = vec![("route".to_owned(), "/{code}".to_owned())];
+        open.get_or_create(&route).set(3);
+        took.get_or_create(&route).observe(0.7);
+        let mut page = String::new();
+        encode(&mut page, &registry).expect("encoded");
+
+        let metrics = Metrics::parse(&page).expect("the encoder's page");
+        assert_eq!(metrics.sum("svc_open"), 3.0);
+        let inf = labels(&[("route", "/{code}"), ("le", "+Inf")]);
+        assert_eq!(metrics.value("svc_took_bucket", &inf), Some(1.0));
+        assert_eq!(metrics.sum("svc_took_count"), 1.0);
     }
 
     #[test]

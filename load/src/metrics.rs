@@ -394,9 +394,7 @@ mod tests {
         registry.register("idle", "Not used either", idle);
         let open = Family::<Labels, Gauge>::default();
         registry.register("open", "Open connections", open.clone());
-        let took = Family::<Labels, Histogram>::new_with_constructor(|| {
-            Histogram::new([0.5, 1.0].into_iter())
-        });
+        let took = Family::<Labels, Histogram>::new_with_constructor(|| Histogram::new([0.5, 1.0]));
         registry.register("took", "Time taken", took.clone());
         let route = vec![("route".to_owned(), "/{code}".to_owned())];
         open.get_or_create(&route).set(3);

@@ -49,6 +49,8 @@
 //!   with any of them (run, write, summary, verdict, exit code).
 //! - [`replica`]: one server child process; [`haproxy`]: the balancer child
 //!   and its runtime API.
+//! - [`metrics`]: a replica's `/metrics`, read over the raw client and
+//!   parsed by a text-format parser crate: samples, labels and sums.
 //! - [`report`]: tables, JSON and the SVG picture; [`machine`]: what ran it.
 //! - [`binaries`]: building and finding the servers, installing test tools.
 //! - [`otlp_sink`]: the OTLP receiver the traces benchmark exports to.
@@ -65,6 +67,7 @@ pub mod fleet;
 pub use lameduck_testkit::fate;
 pub mod haproxy;
 pub mod machine;
+pub mod metrics;
 pub mod otlp_sink;
 pub mod outage;
 pub mod raw;

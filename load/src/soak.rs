@@ -7,6 +7,8 @@
 //! 503 rather than queued; health checks are never shed; and the drain
 //! still ends cleanly (exit 0) with every connection open.
 
+use std::net::SocketAddr;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +20,8 @@ use tokio::time::Instant;
 
 use crate::binaries::{self, Binaries};
 use crate::machine::Machine;
-use crate::raw::{self, RawConn};
-use crate::replica::{Replica, Spec};
+use crate::raw::{self, LoopResult, RawConn};
+use crate::replica::{Ended, Replica, Spec};
 use crate::SERVICE;
 
 /// Options of `load soak`.
@@ -63,6 +65,37 @@ pub fn main(options: Options, mut machine: Machine) -> ExitCode {
 
 async fn run(options: &Options, binaries: &Binaries, machine: &Machine) -> anyhow::Result<String> {
     let data = std::env::temp_dir().join(format!("{SERVICE}-soak-{}", std::process::id()));
+    let mut server = start(options, binaries, &data).await?;
+    let (conns, idle) = hold_idle(&server, options).await?;
+    let (api, health) = sustained_load(server.addr, options).await;
+    let signalled = Instant::now();
+    server.signal(Signal::SIGTERM)?;
+    let ended = server.wait_exit(signalled, EXIT_LIMIT).await;
+    let figures = Figures {
+        idle: &idle,
+        api: &api,
+        health: &health,
+        ended: &ended,
+    };
+    let table = table(options, machine, &figures);
+    drop(conns);
+    let _ = std::fs::remove_dir_all(&data);
+    check(&figures, table)
+}
+
+/// How long the server may take to answer `/readyz` after its start.
+const READY_LIMIT: Duration = Duration::from_secs(30);
+
+/// How long the server may take to exit after SIGTERM before it is killed.
+const EXIT_LIMIT: Duration = Duration::from_secs(60);
+
+/// How many idle connections are being opened at once.
+const IDLE_CONNECTS_AT_ONCE: usize = 256;
+
+/// Starts the server (its data in `data`, its log in `load/out`) with room
+/// for every connection and the low concurrency limit, waits for it to be
+/// ready and creates the link the load reads.
+async fn start(options: &Options, binaries: &Binaries, data: &Path) -> anyhow::Result<Replica> {
     let logs = binaries::workspace_root().join("load/out");
     std::fs::create_dir_all(&logs)?;
     let max_connections = options.idle + options.connections + 1_000;
@@ -85,14 +118,9 @@ async fn run(options: &Options, binaries: &Binaries, machine: &Machine) -> anyho
         env: Vec::new(),
         cpus: None,
     };
-    let mut server =
-        Replica::spawn("soak", &spec, &logs.join(format!("soak-{SERVICE}.log"))).await?;
-    server
-        .wait_ready("/readyz", Duration::from_secs(30))
-        .await?;
-    let addr = server.addr;
-
-    let mut conn = RawConn::connect(addr).await?;
+    let server = Replica::spawn("soak", &spec, &logs.join(format!("soak-{SERVICE}.log"))).await?;
+    server.wait_ready("/readyz", READY_LIMIT).await?;
+    let mut conn = RawConn::connect(server.addr).await?;
     let created = conn
         .exchange(&raw::post_json(
             "/api/links",
@@ -102,13 +130,47 @@ async fn run(options: &Options, binaries: &Binaries, machine: &Machine) -> anyho
     if created.status != 201 {
         bail!("creating the link answered {}", created.status);
     }
+    Ok(server)
+}
 
+/// What the idle connections cost.
+struct Idle {
+    /// How long opening them all took.
+    open_time: Duration,
+    /// The server's RSS before they were opened and with them open, KiB.
+    rss_before: u64,
+    /// See `rss_before`.
+    rss_idle: u64,
+}
+
+/// Opens `--idle` keep-alive connections (each after one `/healthz`) and
+/// measures what they cost the server; the caller holds them open until
+/// the server has exited.
+async fn hold_idle(
+    server: &Replica,
+    options: &Options,
+) -> anyhow::Result<(Vec<std::net::TcpStream>, Idle)> {
     let rss_before = server.rss_kib().unwrap_or_default();
     let opened = Instant::now();
-    let idle = raw::open_idle(addr, options.idle, &raw::get("/healthz"), 256).await?;
+    let conns = raw::open_idle(
+        server.addr,
+        options.idle,
+        &raw::get("/healthz"),
+        IDLE_CONNECTS_AT_ONCE,
+    )
+    .await?;
     let open_time = opened.elapsed();
-    let rss_idle = server.rss_kib().unwrap_or_default();
+    let idle = Idle {
+        open_time,
+        rss_before,
+        rss_idle: server.rss_kib().unwrap_or_default(),
+    };
+    Ok((conns, idle))
+}
 
+/// For `--duration`: closed-loop API reads on `--connections`
+/// connections, and health checks on 4 beside them.
+async fn sustained_load(addr: SocketAddr, options: &Options) -> (LoopResult, LoopResult) {
     let api = raw::closed_loop(
         addr,
         Arc::new(vec![raw::get("/api/links/soak")]),
@@ -123,17 +185,33 @@ async fn run(options: &Options, binaries: &Binaries, machine: &Machine) -> anyho
         4,
         options.duration,
     );
-    let (api, health) = tokio::join!(api, health);
+    tokio::join!(api, health)
+}
 
-    let signalled = Instant::now();
-    server.signal(Signal::SIGTERM)?;
-    let ended = server.wait_exit(signalled, Duration::from_secs(60)).await;
-    drop(idle);
-    let _ = std::fs::remove_dir_all(&data);
+/// What the soak measured.
+struct Figures<'a> {
+    /// The idle connections.
+    idle: &'a Idle,
+    /// The API load.
+    api: &'a LoopResult,
+    /// The health checks beside it.
+    health: &'a LoopResult,
+    /// The server's exit after SIGTERM.
+    ended: &'a Ended,
+}
 
+/// The table of figures, in Markdown.
+fn table(options: &Options, machine: &Machine, figures: &Figures<'_>) -> String {
+    let Figures {
+        idle,
+        api,
+        health,
+        ended,
+    } = figures;
     #[allow(clippy::cast_precision_loss)]
-    let per_connection = (rss_idle.saturating_sub(rss_before)) as f64 / options.idle as f64;
-    let table = format!(
+    let per_connection =
+        (idle.rss_idle.saturating_sub(idle.rss_before)) as f64 / options.idle as f64;
+    format!(
         "### Soak: {idle} idle connections, {conns} connections of load for {secs:?}, --max-concurrent-requests {limit}\n\n\
          | figure | value |\n| --- | ---: |\n\
          | idle connections opened | {idle} in {open:.1?} |\n\
@@ -150,9 +228,9 @@ async fn run(options: &Options, binaries: &Binaries, machine: &Machine) -> anyho
         conns = options.connections,
         secs = options.duration,
         limit = options.max_concurrent_requests,
-        open = open_time,
-        before = rss_before,
-        with = rss_idle,
+        open = idle.open_time,
+        before = idle.rss_before,
+        with = idle.rss_idle,
         per = per_connection,
         ok = api.ok,
         tput = api.throughput(),
@@ -168,7 +246,14 @@ async fn run(options: &Options, binaries: &Binaries, machine: &Machine) -> anyho
         drain = ended.after,
         machine = machine.line(),
         command = std::env::args().collect::<Vec<_>>().join(" "),
-    );
+    )
+}
+
+/// The table if every check passed, else which failed, the table after.
+fn check(figures: &Figures<'_>, table: String) -> anyhow::Result<String> {
+    let Figures {
+        api, health, ended, ..
+    } = figures;
     if ended.code != Some(0) {
         bail!(
             "the server did not drain cleanly (exit {})\n{table}",

@@ -141,16 +141,7 @@ pub async fn run(
     origin: Instant,
     mut stop: watch::Receiver<bool>,
 ) -> Vec<Record> {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(mix.timeout));
-    let http1: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(CLIENT_IDLE_TIMEOUT)
-        .build(connector.clone());
-    let http2: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .build(connector);
-
+    let clients = Clients::new(mix.timeout);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let collector = tokio::spawn(async move {
         let mut records = Vec::new();
@@ -164,68 +155,97 @@ pub async fn run(
     let period_ns = 1e9 / f64::from(mix.rate.max(1));
     let deadline = origin + mix.max_duration;
     for i in 0u64.. {
-        if *stop.borrow() {
-            break;
-        }
         #[allow(
             clippy::cast_possible_truncation,
             clippy::cast_sign_loss,
             clippy::cast_precision_loss
         )]
         let due = origin + Duration::from_nanos((i as f64 * period_ns) as u64);
-        if due >= deadline {
+        let stopped = *stop.borrow();
+        if stopped || due >= deadline || !wait_until(due, &mut stop).await {
             break;
         }
-        if due > Instant::now() {
-            tokio::select! {
-                () = tokio::time::sleep_until(due) => {}
-                changed = stop.changed() => {
-                    if changed.is_err() || *stop.borrow() {
-                        break;
-                    }
-                }
-            }
-        }
-        let proto = if rng.random::<f64>() < mix.h2_share {
-            Proto::Http2
-        } else {
-            Proto::Http1
-        };
-        let draw = rng.random::<f64>();
-        let kind = if draw < mix.create_share {
-            Kind::Create
-        } else if draw < mix.create_share + mix.read_share {
-            Kind::Read
-        } else {
-            Kind::Redirect
-        };
+        let (proto, kind) = draw(&mut rng, &mix);
         let code = &codes[rng.random_range(0..codes.len())];
-        let (client, addr) = match proto {
-            Proto::Http1 => (http1.clone(), targets.http1),
-            Proto::Http2 => (http2.clone(), targets.http2),
-        };
+        let (client, addr) = clients.for_proto(proto, targets);
         let request = build_request(kind, addr, code, mix.seed, i);
         let tx = tx.clone();
         let timeout = mix.timeout;
         tokio::spawn(async move {
             let answer = send(&client, request, kind, timeout).await;
-            let record = Record {
-                due: due - origin,
-                latency: due.elapsed(),
-                fate: answer.fate,
-                kind,
-                proto,
-                status: answer.status,
-                retry_after: answer.retry_after,
-                server: answer.server,
-            };
-            let _ = tx.send(record);
+            let _ = tx.send(answer.record(due - origin, due.elapsed(), kind, proto));
         });
     }
     drop(tx);
     let mut records = collector.await.unwrap_or_default();
     records.sort_by_key(|record| record.due);
     records
+}
+
+/// The two clients: a pool of HTTP/1.1 keep-alive connections and an
+/// HTTP/2 prior-knowledge connection.
+struct Clients {
+    http1: Client<HttpConnector, Body>,
+    http2: Client<HttpConnector, Body>,
+}
+
+impl Clients {
+    /// Both, connecting within `timeout`, with `TCP_NODELAY`.
+    fn new(timeout: Duration) -> Clients {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(timeout));
+        Clients {
+            http1: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(CLIENT_IDLE_TIMEOUT)
+                .build(connector.clone()),
+            http2: Client::builder(TokioExecutor::new())
+                .http2_only(true)
+                .build(connector),
+        }
+    }
+
+    /// The client of `proto`, and where it sends.
+    fn for_proto(
+        &self,
+        proto: Proto,
+        targets: Targets,
+    ) -> (Client<HttpConnector, Body>, SocketAddr) {
+        match proto {
+            Proto::Http1 => (self.http1.clone(), targets.http1),
+            Proto::Http2 => (self.http2.clone(), targets.http2),
+        }
+    }
+}
+
+/// Sleeps until `due` unless `stop` turns true first; whether to go on.
+async fn wait_until(due: Instant, stop: &mut watch::Receiver<bool>) -> bool {
+    if due <= Instant::now() {
+        return true;
+    }
+    tokio::select! {
+        () = tokio::time::sleep_until(due) => true,
+        changed = stop.changed() => changed.is_ok() && !*stop.borrow(),
+    }
+}
+
+/// The next request's protocol and kind, drawn from `rng` in this order
+/// (the order keeps a seed's sequence).
+fn draw(rng: &mut StdRng, mix: &Mix) -> (Proto, Kind) {
+    let proto = if rng.random::<f64>() < mix.h2_share {
+        Proto::Http2
+    } else {
+        Proto::Http1
+    };
+    let draw = rng.random::<f64>();
+    let kind = if draw < mix.create_share {
+        Kind::Create
+    } else if draw < mix.create_share + mix.read_share {
+        Kind::Read
+    } else {
+        Kind::Redirect
+    };
+    (proto, kind)
 }
 
 fn build_request(kind: Kind, addr: SocketAddr, code: &str, seed: u64, i: u64) -> Request<Body> {
@@ -256,6 +276,23 @@ struct Answer {
     status: u16,
     retry_after: bool,
     server: Option<u8>,
+}
+
+impl Answer {
+    /// The record of a request of `kind` over `proto`, due at `due` from
+    /// the origin, that took `latency` from then.
+    fn record(self, due: Duration, latency: Duration, kind: Kind, proto: Proto) -> Record {
+        Record {
+            due,
+            latency,
+            fate: self.fate,
+            kind,
+            proto,
+            status: self.status,
+            retry_after: self.retry_after,
+            server: self.server,
+        }
+    }
 }
 
 async fn send(

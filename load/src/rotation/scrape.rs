@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::metric;
-use crate::raw::{self, RawConn};
+use crate::metrics::{Metrics, MetricsConn};
 
 /// How often a replica's counters are read: the resolution of the
 /// reconnect rate.
@@ -83,7 +83,7 @@ async fn read_until(
     let start = origin + TICK * u32::try_from(first).unwrap_or(u32::MAX);
     let mut ticker = tokio::time::interval_at(start, TICK);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    let mut conn = None;
+    let mut conn = MetricsConn::new(admin);
     let mut readings = Vec::new();
     loop {
         let (at, last) = tokio::select! {
@@ -95,7 +95,7 @@ async fn read_until(
         // has exited does not answer, and its last tick stands).
         let tick = (at.duration_since(origin).as_nanos() + TICK.as_nanos() / 2) / TICK.as_nanos();
         let tick = u64::try_from(tick).unwrap_or(u64::MAX);
-        if let Some(mut reading) = read(admin, &mut conn).await {
+        if let Some(mut reading) = read(&mut conn).await {
             reading.tick = tick.max(readings.last().map_or(0, |r: &Reading| r.tick));
             readings.push(reading);
         }
@@ -111,9 +111,9 @@ async fn read_until(
 /// reading counts every close.
 pub(super) async fn wait_closed(admin: SocketAddr, bound: Duration) {
     let deadline = Instant::now() + bound;
-    let mut conn = None;
+    let mut conn = MetricsConn::new(admin);
     while Instant::now() < deadline {
-        if read(admin, &mut conn).await.is_some_and(|r| r.open == 0) {
+        if read(&mut conn).await.is_some_and(|r| r.open == 0) {
             return;
         }
         tokio::time::sleep(TICK / 4).await;
@@ -121,85 +121,70 @@ pub(super) async fn wait_closed(admin: SocketAddr, bound: Duration) {
 }
 
 /// One `/metrics` on `conn` (opened if needed), parsed; `None` if it did
-/// not answer within [`READ_TIMEOUT`] (the next tick tries again).
-async fn read(admin: SocketAddr, conn: &mut Option<RawConn>) -> Option<Reading> {
-    let exchange = async {
-        if conn.is_none() {
-            *conn = Some(RawConn::connect(admin).await?);
-        }
-        let current = conn
-            .as_mut()
-            .ok_or_else(|| std::io::Error::other("no connection"))?;
-        current.exchange_body(&raw::get("/metrics")).await
-    };
-    match tokio::time::timeout(READ_TIMEOUT, exchange).await {
-        Ok(Ok((head, body))) => {
-            if head.close {
-                *conn = None;
-            }
-            (head.status == 200).then(|| parse(&String::from_utf8_lossy(&body)))
-        }
-        _ => {
-            *conn = None;
-            None
-        }
+/// not answer within [`READ_TIMEOUT`] (the next tick tries again, on a new
+/// connection).
+async fn read(conn: &mut MetricsConn) -> Option<Reading> {
+    match tokio::time::timeout(READ_TIMEOUT, conn.read_text()).await {
+        Ok(Ok(text)) => Some(parse(&text)),
+        _ => None,
     }
 }
 
-/// The counters of a `/metrics` page.
+/// The counters of a `/metrics` page; a page that does not parse reads as
+/// no counts, as one the server never writes.
 pub(super) fn parse(text: &str) -> Reading {
-    let accepted = metric("connections_accepted_total");
-    let requests = metric("http_requests_total");
-    let closed = metric("connections_closed_total");
-    let open = metric("connections_open");
-    let mut reading = Reading::default();
-    for line in text.lines().filter(|line| !line.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let Ok(value) = value.parse::<f64>().map(|v| v as u64) else {
-            continue;
-        };
-        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
-        if name == accepted {
-            reading.accepted = value;
-        } else if name == requests && label(labels, "status") == Some("3xx") {
-            reading.redirects += value;
-        } else if name == open {
-            reading.open += value;
-        } else if name == closed {
-            let by = label(labels, "by").unwrap_or("?");
-            let reason = label(labels, "reason").unwrap_or("?");
-            *reading.closed.entry(format!("{by}/{reason}")).or_default() += value;
-        }
-    }
-    reading
+    Metrics::parse(text)
+        .map(|metrics| Reading::of(&metrics))
+        .unwrap_or_default()
 }
 
-/// The value of `name` in a series' labels (`by="server",reason="age"}`).
-fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
-    labels
-        .trim_end_matches('}')
-        .split(',')
-        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix("=\""))
-        .map(|value| value.trim_end_matches('"'))
+impl Reading {
+    /// The counters of a parsed page (at tick 0).
+    fn of(metrics: &Metrics) -> Reading {
+        let to_count = |value: f64| {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let count = value as u64;
+            count
+        };
+        let mut reading = Reading {
+            accepted: to_count(metrics.sum(&metric("connections_accepted_total"))),
+            open: to_count(metrics.sum(&metric("connections_open"))),
+            ..Reading::default()
+        };
+        let requests = metric("http_requests_total");
+        for sample in metrics.samples(&requests) {
+            if sample.label("status") == Some("3xx") {
+                reading.redirects += to_count(sample.value);
+            }
+        }
+        let closed = metric("connections_closed_total");
+        for sample in metrics.samples(&closed) {
+            let by = sample.label("by").unwrap_or("?");
+            let reason = sample.label("reason").unwrap_or("?");
+            *reading.closed.entry(format!("{by}/{reason}")).or_default() += to_count(sample.value);
+        }
+        reading
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    // A page as the service writes it: each family under its TYPE line.
     #[test]
     fn the_counters_are_read_from_a_metrics_page() {
         let page = format!(
-            "# HELP x y\n\
+            "# HELP {p}_connections_accepted Connections accepted.\n\
              # TYPE {p}_connections_accepted counter\n\
              {p}_connections_accepted_total 1234\n\
+             # TYPE {p}_http_requests counter\n\
              {p}_http_requests_total{{route=\"/{{code}}\",status=\"3xx\"}} 500\n\
              {p}_http_requests_total{{route=\"/api/links\",status=\"2xx\"}} 7\n\
+             # TYPE {p}_connections_closed counter\n\
              {p}_connections_closed_total{{by=\"server\",reason=\"drain\"}} 30\n\
              {p}_connections_closed_total{{by=\"client\",reason=\"client\"}} 2\n\
+             # TYPE {p}_connections_open gauge\n\
              {p}_connections_open{{protocol=\"http1\"}} 3\n\
              {p}_connections_open{{protocol=\"http2\"}} 1\n\
              # EOF\n",

@@ -44,7 +44,8 @@
 //!   client for closed-loop benchmarks and idle connections.
 //! - [`replica`]: one server child process; [`haproxy`]: the balancer child
 //!   and its runtime API.
-//! - [`report`]: tables, JSON and the SVG picture; [`machine`]: what ran it.
+//! - [`report`]: tables, JSON and the SVG pictures (drawn with `plotters`);
+//!   [`machine`]: what ran it.
 //! - [`binaries`]: building and finding the servers, installing test tools.
 //! - [`otlp_sink`]: the OTLP receiver the traces benchmark exports to.
 //! - [`baseline`]: the plain-axum, bare-hyper and uncounted-redirect servers

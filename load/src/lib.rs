@@ -51,7 +51,8 @@
 //!   and its runtime API.
 //! - [`metrics`]: a replica's `/metrics`, read over the raw client and
 //!   parsed by a text-format parser crate: samples, labels and sums.
-//! - [`report`]: tables, JSON and the SVG picture; [`machine`]: what ran it.
+//! - [`report`]: tables, JSON and the SVG pictures (drawn with `plotters`);
+//!   [`machine`]: what ran it.
 //! - [`binaries`]: building and finding the servers, installing test tools.
 //! - [`otlp_sink`]: the OTLP receiver the traces benchmark exports to.
 //! - [`baseline`]: the plain-axum, bare-hyper and uncounted-redirect servers

@@ -3,26 +3,32 @@
 //! right axis (latency), a shaded target band, and the fleet's moments
 //! (new replica UP, SIGTERM, balancer out, exit) marked.
 
-use std::fmt::Write as _;
+use plotters::prelude::*;
 
+use crate::report::draw::{self, Area, Drawn, Plot, Symbol};
 use crate::report::{self, Mark, MarkKind};
 
 /// Replicas' colours, in the order they were started.
-pub(super) const PALETTE: [&str; 8] = [
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+pub(super) const PALETTE: [RGBColor; 8] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+    RGBColor(0x17, 0xbe, 0xcf),
 ];
 
 /// The colour of lines against the right axis.
-pub(super) const RIGHT_COLOR: &str = "#7f7f7f";
+pub(super) const RIGHT_COLOR: RGBColor = draw::GREY;
 
 /// The colour of a fleet's total.
-pub(super) const TOTAL_COLOR: &str = "#000000";
+pub(super) const TOTAL_COLOR: RGBColor = BLACK;
 
-const WIDTH: f64 = 960.0;
-const PANEL_H: f64 = 250.0;
-const LEFT: f64 = 60.0;
-const RIGHT: f64 = 60.0;
-const TOP: f64 = 50.0;
+const WIDTH: u32 = 960;
+const PANEL_H: u32 = 280;
+const TOP: u32 = 52;
 
 /// One line of a chart.
 #[derive(Clone, Debug)]
@@ -30,7 +36,7 @@ pub(super) struct Line {
     /// Its name in the panel's legend.
     pub(super) label: String,
     /// Its colour.
-    pub(super) color: &'static str,
+    pub(super) color: RGBColor,
     /// `(seconds, value)`, in order.
     pub(super) points: Vec<(f64, f64)>,
     /// Drawn against the right axis.
@@ -63,7 +69,15 @@ pub(super) struct Chart {
 }
 
 /// The legend of the marks, under the picture's title.
-const MARKS_LEGEND: &str = r##"<tspan fill="#2ca02c">▼ new replica UP in the balancer</tspan>   <tspan fill="#d62728">┆ SIGTERM</tspan>   <tspan fill="#ff7f0e">┆ balancer took it out</tspan>   <tspan fill="#7f7f7f">┆ exit</tspan>"##;
+const MARKS_LEGEND: [(Symbol, &str); 4] = [
+    (
+        Symbol::Mark(MarkKind::Ready),
+        "new replica UP in the balancer",
+    ),
+    (Symbol::Mark(MarkKind::Sigterm), "SIGTERM"),
+    (Symbol::Mark(MarkKind::LbOut), "balancer took it out"),
+    (Symbol::Mark(MarkKind::Exit), "exit"),
+];
 
 /// An axis's top at or above `peak` with a little room, whose quarters
 /// are round numbers.
@@ -73,203 +87,159 @@ pub(super) fn axis_top(peak: f64) -> f64 {
 
 /// An SVG of `charts`, one under the other.
 pub(super) fn render(title: &str, charts: &[Chart]) -> String {
-    #[allow(clippy::cast_precision_loss)]
-    let height = TOP + PANEL_H * charts.len() as f64 + 10.0;
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        svg,
-        r#"<text x="{LEFT}" y="22" font-size="15" font-weight="bold">{}</text>"#,
-        report::escape(title)
-    );
-    let _ = writeln!(
-        svg,
-        r##"<text x="{LEFT}" y="40" fill="#444">{MARKS_LEGEND}</text>"##
-    );
-    for (index, chart) in charts.iter().enumerate() {
-        #[allow(clippy::cast_precision_loss)]
-        let top = TOP + 40.0 + PANEL_H * index as f64;
-        panel(&mut svg, chart, top);
-    }
-    svg.push_str("</svg>\n");
-    svg
-}
-
-/// Where a panel's plot is.
-struct Frame {
-    top: f64,
-    bottom: f64,
-    width: f64,
-    x_max: f64,
-}
-
-impl Frame {
-    fn x(&self, seconds: f64) -> f64 {
-        LEFT + self.width * (seconds / self.x_max).clamp(0.0, 1.0)
-    }
-
-    fn y(&self, value: f64, max: f64) -> f64 {
-        self.bottom - (self.bottom - self.top) * (value / max).clamp(0.0, 1.0)
-    }
-}
-
-fn panel(svg: &mut String, chart: &Chart, top: f64) {
-    let frame = Frame {
-        top,
-        bottom: top + PANEL_H - 85.0,
-        width: WIDTH - LEFT - RIGHT,
-        x_max: chart.x_max.max(1.0),
-    };
-    let _ = writeln!(
-        svg,
-        r#"<text x="{LEFT}" y="{}" font-weight="bold">{}</text>"#,
-        top - 22.0,
-        report::escape(&chart.title)
-    );
-    legend(svg, chart, top - 7.0);
-    if let Some((low, high)) = chart.band {
-        let (y0, y1) = (frame.y(high, chart.left_max), frame.y(low, chart.left_max));
-        let _ = writeln!(
-            svg,
-            r##"<rect x="{LEFT}" y="{y0:.1}" width="{:.1}" height="{:.1}" fill="#2ca02c" opacity="0.12"/>"##,
-            frame.width,
-            (y1 - y0).max(1.0)
-        );
-    }
-    axes(svg, chart, &frame);
-    marks(svg, &chart.marks, &frame);
-    for line in &chart.lines {
-        let max = match (&chart.right_axis, line.right) {
-            (Some((_, max)), true) => *max,
-            _ => chart.left_max,
-        };
-        let mut points = String::new();
-        for (t, v) in &line.points {
-            let _ = write!(points, "{:.1},{:.1} ", frame.x(*t), frame.y(*v, max));
+    #[allow(clippy::cast_possible_truncation)]
+    let height = TOP + PANEL_H * charts.len() as u32 + 10;
+    draw::render(WIDTH, height, |root| {
+        root.draw(&Text::new(
+            title.to_owned(),
+            (60, 16),
+            draw::left_font(15.0, BLACK, true),
+        ))?;
+        draw::legend(root, (60, 38), 12.0, MARKS_LEGEND)?;
+        let (_, body) = root.split_vertically(TOP);
+        for (chart, area) in charts
+            .iter()
+            .zip(&body.split_evenly((charts.len().max(1), 1)))
+        {
+            panel(area, chart)?;
         }
-        let (width, opacity) = if line.right { (1.2, 0.8) } else { (1.4, 0.9) };
-        let dash = if line.dashed { "4,2" } else { "none" };
-        let _ = writeln!(
-            svg,
-            r#"<polyline points="{}" fill="none" stroke="{}" stroke-width="{width}" stroke-dasharray="{dash}" opacity="{opacity}"><title>{}</title></polyline>"#,
-            points.trim_end(),
-            line.color,
-            report::escape(&line.label)
-        );
-    }
+        Ok(())
+    })
 }
 
-fn legend(svg: &mut String, chart: &Chart, y: f64) {
-    let mut text = String::new();
-    for line in &chart.lines {
-        let _ = write!(
-            text,
-            r#"<tspan fill="{}">━ {}</tspan>   "#,
-            line.color,
-            report::escape(&line.label)
-        );
-    }
+/// A chart's heading: its name in bold, what it found on the next line
+/// (the title's part after the first colon), and its lines' legend.
+fn heading(area: &Area<'_>, chart: &Chart) -> Drawn {
+    let (name, found) = chart.title.split_once(": ").unwrap_or((&chart.title, ""));
+    area.draw(&Text::new(
+        name.to_owned(),
+        (60, 10),
+        draw::left_font(12.0, BLACK, true),
+    ))?;
+    area.draw(&Text::new(
+        found.to_owned(),
+        (60, 25),
+        draw::left_font(12.0, BLACK, false),
+    ))?;
+    let mut keys: Vec<(Symbol, &str)> = chart
+        .lines
+        .iter()
+        .map(|line| {
+            let symbol = if line.dashed {
+                Symbol::Dashed(line.color)
+            } else {
+                Symbol::Line(line.color)
+            };
+            (symbol, line.label.as_str())
+        })
+        .collect();
     if chart.band.is_some() {
-        text.push_str(r##"<tspan fill="#2ca02c">░ target band</tspan>"##);
+        keys.push((Symbol::Shade(draw::GREEN_READY), "target band"));
     }
-    let _ = writeln!(
-        svg,
-        r##"<text x="{LEFT}" y="{y}" fill="#444" font-size="11">{}</text>"##,
-        text.trim_end()
-    );
+    draw::legend(area, (60, 40), 11.0, keys)
 }
 
-fn axes(svg: &mut String, chart: &Chart, frame: &Frame) {
-    let _ = writeln!(
-        svg,
-        r##"<rect x="{LEFT}" y="{}" width="{}" height="{}" fill="none" stroke="#999"/>"##,
-        frame.top,
-        frame.width,
-        frame.bottom - frame.top
-    );
-    for step in 0..=4 {
-        let value = chart.left_max * f64::from(step) / 4.0;
-        let y = frame.y(value, chart.left_max);
-        let label = if chart.percent {
-            format!("{:.0}%", value * 100.0)
+/// One chart: its heading, the plot with its axes, band, marks and
+/// lines, and what the axes measure under it.
+fn panel(area: &Area<'_>, chart: &Chart) -> Drawn {
+    heading(area, chart)?;
+    let x_max = chart.x_max.max(1.0);
+    let right_max = chart.right_axis.as_ref().map_or(1.0, |(_, max)| *max);
+    let mut ctx = ChartBuilder::on(area)
+        .margin_top(58)
+        .margin_bottom(24)
+        .x_label_area_size(22)
+        .y_label_area_size(60)
+        .right_y_label_area_size(60)
+        .build_cartesian_2d(0.0..x_max, 0.0..chart.left_max)?
+        .set_secondary_coord(0.0..x_max, 0.0..right_max);
+    let percent = |v: &f64| format!("{:.0}%", v * 100.0);
+    let count = |v: &f64| report::fmt_ms(*v).trim_end_matches(".00").to_owned();
+    let left: &dyn Fn(&f64) -> String = if chart.percent { &percent } else { &count };
+    ctx.configure_mesh()
+        .disable_x_mesh()
+        .bold_line_style(draw::GRID)
+        .light_line_style(TRANSPARENT)
+        .axis_style(draw::FRAME)
+        .x_labels(11)
+        .y_labels(6)
+        .x_label_formatter(&|t| format!("{t:.0}s"))
+        .y_label_formatter(left)
+        .label_style(draw::font(12.0, draw::TEXT_GREY, false))
+        .draw()?;
+    if chart.right_axis.is_some() {
+        ctx.configure_secondary_axes()
+            .axis_style(draw::FRAME)
+            .y_labels(5)
+            .y_label_formatter(&|ms| report::fmt_ms(*ms))
+            .label_style(draw::font(12.0, RIGHT_COLOR, false))
+            .draw()?;
+    }
+    let plot = ctx.plotting_area();
+    if let Some((low, high)) = chart.band {
+        plot.draw(&Rectangle::new(
+            [(0.0, low), (x_max, high)],
+            draw::GREEN_READY.mix(0.12).filled(),
+        ))?;
+    }
+    plot.draw(&Rectangle::new(
+        [(0.0, 0.0), (x_max, chart.left_max)],
+        draw::FRAME.stroke_width(1),
+    ))?;
+    // A replica UP in the balancer is its readiness here.
+    let style = |kind| {
+        draw::mark_style(if kind == MarkKind::LbIn {
+            MarkKind::Ready
         } else {
-            report::fmt_ms(value).trim_end_matches(".00").to_owned()
+            kind
+        })
+    };
+    draw::marks(area, plot, &chart.marks, style)?;
+    for line in &chart.lines {
+        let (area, max) = match (&chart.right_axis, line.right) {
+            (Some((_, max)), true) => (ctx.secondary_plotting_area(), *max),
+            _ => (plot, chart.left_max),
         };
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{LEFT}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#eee"/><text x="{}" y="{:.1}" text-anchor="end" fill="#444">{label}</text>"##,
-            LEFT + frame.width,
-            LEFT - 6.0,
-            y + 4.0
-        );
-        if let Some((_, max)) = &chart.right_axis {
-            let _ = writeln!(
-                svg,
-                r#"<text x="{:.1}" y="{:.1}" fill="{RIGHT_COLOR}">{}</text>"#,
-                LEFT + frame.width + 4.0,
-                y + 4.0,
-                report::fmt_ms(max * f64::from(step) / 4.0)
-            );
-        }
+        draw_line(area, line, max)?;
     }
-    let tick = report::nice_ceiling(frame.x_max / 10.0).max(1.0);
-    let mut t = 0.0;
-    while t <= frame.x_max {
-        let _ = writeln!(
-            svg,
-            r##"<text x="{:.1}" y="{}" text-anchor="middle" fill="#444">{t:.0}s</text>"##,
-            frame.x(t),
-            frame.bottom + 15.0
-        );
-        t += tick;
-    }
-    let _ = writeln!(
-        svg,
-        r##"<text x="{LEFT}" y="{}" fill="#444" font-size="11">left: {}{}</text>"##,
-        frame.bottom + 32.0,
-        report::escape(&chart.left_label),
-        chart
-            .right_axis
-            .as_ref()
-            .map_or_else(String::new, |(label, _)| format!(
-                "; right: {}",
-                report::escape(label)
-            ))
-    );
+    note(area, plot, chart)
 }
 
-fn marks(svg: &mut String, marks: &[Mark], frame: &Frame) {
-    for mark in marks {
-        let x = frame.x(mark.at_s);
-        let tooltip = format!(
-            "{:?} {} at {:.2}s",
-            mark.kind,
-            report::escape(&mark.replica),
-            mark.at_s
-        );
-        let (color, dash) = match mark.kind {
-            MarkKind::Ready | MarkKind::LbIn => {
-                let _ = writeln!(
-                    svg,
-                    r##"<path d="M{x:.1},{:.1} l-5,-8 h10 z" fill="#2ca02c"><title>{tooltip}</title></path>"##,
-                    frame.top - 1.0
-                );
-                continue;
-            }
-            MarkKind::Sigterm | MarkKind::Sigkill => ("#d62728", "4,3"),
-            MarkKind::LbOut => ("#ff7f0e", "2,2"),
-            MarkKind::Exit => ("#7f7f7f", "1,3"),
-        };
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{x:.1}" x2="{x:.1}" y1="{}" y2="{}" stroke="{color}" stroke-dasharray="{dash}"><title>{tooltip}</title></line>"#,
-            frame.top, frame.bottom
-        );
+/// A line, its values clamped to the axis's top: what runs off the top
+/// stays on the frame.
+fn draw_line(plot: &Plot<'_>, line: &Line, max: f64) -> Drawn {
+    let points: Vec<(f64, f64)> = line
+        .points
+        .iter()
+        .map(|(t, v)| (*t, v.clamp(0.0, max)))
+        .collect();
+    let style = if line.right {
+        line.color.mix(0.8).stroke_width(1)
+    } else {
+        line.color.mix(0.9).stroke_width(1)
+    };
+    if line.dashed {
+        plot.draw(&plotters::element::DashedPathElement::new(
+            points, 4, 2, style,
+        ))
+    } else {
+        plot.draw(&PathElement::new(points, style))
     }
+}
+
+/// What the axes measure, under the time axis.
+fn note(area: &Area<'_>, plot: &Plot<'_>, chart: &Chart) -> Drawn {
+    let right = chart
+        .right_axis
+        .as_ref()
+        .map_or_else(String::new, |(label, _)| format!("; right: {label}"));
+    let (_, ys) = plot.get_pixel_range();
+    let y = ys.end + 30 - area.get_base_pixel().1;
+    area.draw(&Text::new(
+        format!("left: {}{right}", chart.left_label),
+        (60, y),
+        draw::left_font(11.0, draw::TEXT_GREY, false),
+    ))
 }
 
 #[cfg(test)]
@@ -279,7 +249,7 @@ mod tests {
     #[test]
     fn charts_render_lines_bands_and_marks() {
         let chart = Chart {
-            title: "a <run>".to_owned(),
+            title: "a <run>: found".to_owned(),
             x_max: 10.0,
             left_label: "share".to_owned(),
             left_max: 1.0,
@@ -300,8 +270,28 @@ mod tests {
             }],
         };
         let svg = render("t", &[chart]);
-        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
-        assert!(svg.contains("a &lt;run&gt;"));
-        assert!(svg.contains("<polyline") && svg.contains("stroke-dasharray"));
+        let doc = roxmltree::Document::parse(&svg).expect("well-formed XML");
+        let texts: Vec<&str> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("text"))
+            .filter_map(|n| n.text())
+            .map(str::trim)
+            .collect();
+        for wanted in [
+            "a <run>",
+            "r1",
+            "target band",
+            "SIGTERM",
+            "100%",
+            "left: share; right: p99 (ms)",
+        ] {
+            assert!(texts.contains(&wanted), "{wanted:?} not in {texts:?}");
+        }
+        let lines = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("polyline"))
+            .count();
+        // The line, the SIGTERM's dashes, the legend's symbols, the axes.
+        assert!(lines > 5, "{lines} polylines");
     }
 }

@@ -43,10 +43,10 @@
 //!   [`fate`]: what happened to one request. [`raw`]: a minimal HTTP/1.1
 //!   client for closed-loop benchmarks and idle connections.
 //! - [`replica`]: one server child process; [`haproxy`]: the balancer child
-//!   and its runtime API.
-//! - [`report`]: tables, JSON and the SVG picture; [`machine`]: what ran it.
+//!   and its runtime API (through the test kit's client).
+//! - [`report`]: tables, JSON and the SVG picture; [`machine`]: what ran it,
+//!   the build's profile and the workspace's root.
 //! - [`binaries`]: building and finding the servers, installing test tools.
-//! - [`otlp_sink`]: the OTLP receiver the traces benchmark exports to.
 //! - [`baseline`]: the plain-axum, bare-hyper and uncounted-redirect servers
 //!   behind the `plain-axum`, `bare-hyper` and `redirect-uncounted` binaries.
 
@@ -59,7 +59,6 @@ pub mod crash;
 pub use lameduck_testkit::fate;
 pub mod haproxy;
 pub mod machine;
-pub mod otlp_sink;
 pub mod outage;
 pub mod raw;
 pub mod replica;

@@ -1,5 +1,6 @@
-//! The servers the scenarios run, built in release mode from this
-//! workspace, and the non-Rust tools they need.
+//! The servers the scenarios run, built from this workspace in the
+//! profile of the harness ([`crate::machine::PROFILE`]), and the non-Rust
+//! tools they need.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -10,6 +11,11 @@ use anyhow::{anyhow, bail, Context};
 
 use crate::machine::Machine;
 use crate::SERVICE;
+
+/// The build's profile and the workspace's root, which [`crate::machine`]
+/// owns (they describe a run), named here too for the scenarios that build
+/// and find their tools through this module.
+pub use crate::machine::{workspace_root, PROFILE};
 
 /// Paths of the server binaries.
 #[derive(Clone, Debug)]
@@ -35,14 +41,6 @@ pub struct Binaries {
     pub close_floor: PathBuf,
 }
 
-/// The profile this binary was built with, and builds the servers with:
-/// measure with `--release`; debug builds are for correctness runs only.
-pub const PROFILE: &str = if cfg!(debug_assertions) {
-    "debug"
-} else {
-    "release"
-};
-
 /// The binaries' names, in the order [`Binaries::pick`] takes them: the
 /// service's own and its `-without` build's follow the package's name.
 static NAMES: LazyLock<[String; 8]> = LazyLock::new(|| {
@@ -58,12 +56,6 @@ static NAMES: LazyLock<[String; 8]> = LazyLock::new(|| {
     ]
     .map(str::to_owned)
 });
-
-/// The workspace this crate was built from.
-pub fn workspace_root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_path_buf()
-}
 
 impl Binaries {
     /// Runs `cargo build [--release] -p lameduck -p load --bins` in the

@@ -18,15 +18,18 @@
 //! included, to one replica picked round-robin, and never looks inside: a
 //! client's keep-alive connection stays on its replica until one of them
 //! closes it.
+//!
+//! The runtime API itself is the test kit's client
+//! ([`lameduck_testkit::haproxy`]), which the container tests use too.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{bail, Context};
+use lameduck_testkit::haproxy::RuntimeApi;
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
@@ -117,7 +120,8 @@ pub struct Haproxy {
     pub slots: usize,
     /// L7 or L4.
     pub mode: Mode,
-    socket: PathBuf,
+    /// Its runtime API, on the Unix socket of its configuration.
+    api: RuntimeApi,
     child: Child,
 }
 
@@ -191,7 +195,7 @@ impl Haproxy {
             http2,
             slots,
             mode,
-            socket: socket.clone(),
+            api: RuntimeApi::unix(&socket),
             child: {
                 let deadline = Instant::now() + START_TIMEOUT;
                 loop {
@@ -222,25 +226,7 @@ impl Haproxy {
     /// # Errors
     /// If the socket fails or HAProxy rejects the command.
     pub async fn command(&self, command: &str) -> anyhow::Result<String> {
-        let mut stream = UnixStream::connect(&self.socket)
-            .await
-            .context("cannot reach the haproxy runtime API")?;
-        stream.write_all(command.as_bytes()).await?;
-        stream.write_all(b"\n").await?;
-        let mut answer = String::new();
-        tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut answer))
-            .await
-            .map_err(|_| anyhow!("haproxy did not answer `{command}`"))??;
-        // `set` commands answer nothing, or a line saying what changed.
-        let lowered = answer.to_ascii_lowercase();
-        if command.starts_with("set ")
-            && ["no such", "unknown", "require", "invalid", "error"]
-                .iter()
-                .any(|word| lowered.contains(word))
-        {
-            bail!("haproxy rejected `{command}`: {}", answer.trim());
-        }
-        Ok(answer)
+        Ok(self.api.command(command).await?)
     }
 
     /// Points `slot` (1-based) of every backend at `addr` and takes it out
@@ -299,32 +285,12 @@ impl Haproxy {
     /// # Errors
     /// If the runtime API fails or the slot is not listed.
     pub async fn status(&self, slot: usize) -> anyhow::Result<Vec<String>> {
-        let stat = self.command("show stat").await?;
-        let mut lines = stat.lines();
-        let header: Vec<&str> = lines
-            .next()
-            .ok_or_else(|| anyhow!("empty `show stat`"))?
-            .trim_start_matches("# ")
-            .split(',')
-            .collect();
-        let column = |name: &str| {
-            header
-                .iter()
-                .position(|c| *c == name)
-                .ok_or_else(|| anyhow!("`show stat` has no {name} column"))
-        };
-        let (px, sv, status) = (column("pxname")?, column("svname")?, column("status")?);
         let server = format!("s{slot}");
         let backends = self.mode.backends();
-        let mut found = Vec::new();
-        for line in lines {
-            let fields: Vec<&str> = line.split(',').collect();
-            if fields.get(sv) == Some(&server.as_str())
-                && fields.get(px).is_some_and(|p| backends.contains(p))
-            {
-                found.push(fields.get(status).copied().unwrap_or("").to_owned());
-            }
-        }
+        let found: Vec<String> = (self.api.show_stat().await?.into_iter())
+            .filter(|row| row.server == server && backends.contains(&row.proxy.as_str()))
+            .map(|row| row.status)
+            .collect();
         if found.len() != backends.len() {
             bail!("slot {slot} is not in `show stat`");
         }

@@ -48,13 +48,12 @@
 //!   around the scenario's actions; [`scenario`]: what `load NAME` does
 //!   with any of them (run, write, summary, verdict, exit code).
 //! - [`replica`]: one server child process; [`haproxy`]: the balancer child
-//!   and its runtime API.
+//!   and its runtime API (through the test kit's client).
 //! - [`metrics`]: a replica's `/metrics`, read over the raw client and
 //!   parsed by a text-format parser crate: samples, labels and sums.
 //! - [`report`]: tables, JSON and the SVG pictures (drawn with `plotters`);
-//!   [`machine`]: what ran it.
+//!   [`machine`]: what ran it, the build's profile and the workspace's root.
 //! - [`binaries`]: building and finding the servers, installing test tools.
-//! - [`otlp_sink`]: the OTLP receiver the traces benchmark exports to.
 //! - [`baseline`]: the plain-axum, bare-hyper and uncounted-redirect servers
 //!   behind the `plain-axum`, `bare-hyper` and `redirect-uncounted` binaries.
 
@@ -69,7 +68,6 @@ pub use lameduck_testkit::fate;
 pub mod haproxy;
 pub mod machine;
 pub mod metrics;
-pub mod otlp_sink;
 pub mod outage;
 pub mod raw;
 pub mod replica;

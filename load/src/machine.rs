@@ -1,8 +1,24 @@
-//! What machine a run happened on, printed with every table.
+//! What a run happened on, printed with every table: the machine, and
+//! which build ([`PROFILE`]) of which workspace ([`workspace_root`]).
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde::Serialize;
+
+/// The profile this binary was built with, and builds the servers with:
+/// measure with `--release`; debug builds are for correctness runs only.
+pub const PROFILE: &str = if cfg!(debug_assertions) {
+    "debug"
+} else {
+    "release"
+};
+
+/// The workspace this crate was built from.
+pub fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
 
 /// The machine and the moment.
 #[derive(Clone, Debug, Serialize)]
@@ -63,9 +79,9 @@ impl Machine {
             memory_gib: (memory_gib * 10.0).round() / 10.0,
             kernel,
             command,
-            profile: crate::binaries::PROFILE,
+            profile: PROFILE,
             revision: Command::new("git")
-                .current_dir(crate::binaries::workspace_root())
+                .current_dir(workspace_root())
                 .args(["describe", "--always", "--dirty"])
                 .output()
                 .ok()
@@ -79,7 +95,7 @@ impl Machine {
 
     /// Notes that the servers were not built by this run but taken from
     /// `dir`, so the revision may not be theirs.
-    pub fn prebuilt(&mut self, dir: &std::path::Path) {
+    pub fn prebuilt(&mut self, dir: &Path) {
         self.revision = format!(
             "workspace {}, servers prebuilt in {}",
             self.revision,

@@ -6,7 +6,10 @@
 //! - [`binary`]: the real binary as a child process, its logs and exit
 //!   code, real signals, and raw HTTP/1 on blocking sockets with timeouts;
 //! - [`postgres`]: a throwaway PostgreSQL cluster per test;
-//! - [`otlp`]: an OTLP receiver, over gRPC and HTTP, plain or TLS;
+//! - [`haproxy`]: HAProxy's runtime API, over a Unix socket or TCP, and
+//!   `show stat` in typed rows;
+//! - [`otlp`]: an OTLP receiver, over gRPC and HTTP, plain or TLS, keeping
+//!   the spans it decodes or only counting them;
 //! - [`tls`]: a test CA and the certificates it signs;
 //! - [`traffic`]: clients that keep asking while the test changes the
 //!   server, and what each request met.
@@ -16,6 +19,7 @@
 
 pub mod binary;
 pub mod fate;
+pub mod haproxy;
 pub mod otlp;
 pub mod postgres;
 pub mod tls;

@@ -15,6 +15,11 @@
 //! [`unused_endpoint`] is one that is down; [`Receiver::start_tls`] one at
 //! an `https://` endpoint, its certificate signed by a test CA.
 //!
+//! Every receiver also counts what it took ([`Received`]: exports, spans by
+//! kind, bytes). [`Receiver::counting`] starts one that does nothing else:
+//! no span decoded into values, no header kept, so that the load harness can
+//! run it beside a server under measurement without it setting the pace.
+//!
 //! Both transports are one axum router (the gRPC service is a tower service
 //! inside it) served connection by connection by hyper-util's auto builder:
 //! HTTP/1.1 or HTTP/2 by ALPN over TLS, by the client's preface in
@@ -29,7 +34,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, StatusCode as HttpStatus};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -42,9 +47,11 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
+use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio_rustls::TlsAcceptor;
@@ -57,12 +64,21 @@ const PROTOBUF: &str = "application/x-protobuf";
 /// How long dropping a [`Receiver`] waits for its thread to end.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The OTLP transports, as `OTEL_EXPORTER_OTLP_PROTOCOL` names them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The largest export the receiver decodes. The SDK's batches of 512
+/// spans are a few hundred KiB; tonic's own default (4 MiB) and axum's
+/// body limit (2 MiB) are lifted so that a big batch is counted, not
+/// refused and retried.
+const MAX_EXPORT: usize = 64 * 1024 * 1024;
+
+/// The OTLP transports, as `OTEL_EXPORTER_OTLP_PROTOCOL` names them (also
+/// in a report's JSON).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum Protocol {
     /// OTLP/gRPC (HTTP/2).
+    #[serde(rename = "grpc")]
     Grpc,
     /// OTLP/HTTP with protobuf bodies, `POST /v1/traces`.
+    #[serde(rename = "http/protobuf")]
     HttpProtobuf,
 }
 
@@ -89,8 +105,71 @@ pub enum Behaviour {
     Slow(Duration),
 }
 
+/// What a receiver keeps of an export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Keep {
+    /// Its spans decoded into [`ReceivedSpan`]s and its headers, for a
+    /// test's assertions; and the counts.
+    Spans,
+    /// The counts alone ([`Received`]).
+    Counts,
+}
+
 /// A span's kind and its status code: the protocol's own enums, plain ones.
 pub use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, status::StatusCode};
+
+/// What a receiver has taken so far, counted as each export is answered
+/// (in the load harness's report, per transport).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Received {
+    /// Export requests answered with success.
+    pub exports: u64,
+    /// Spans of kind server: one per request a server answered.
+    pub server_spans: u64,
+    /// Spans of kind client: a server's database calls.
+    pub client_spans: u64,
+    /// Every other span (internal, unspecified): background work such as
+    /// the hit flush.
+    pub other_spans: u64,
+    /// The exports' encoded size (protobuf, uncompressed), bytes.
+    pub bytes: u64,
+    /// OTLP/HTTP exports that could not be decoded (answered 400): 0 unless
+    /// the exporter and the receiver disagree on the protocol.
+    pub undecodable: u64,
+}
+
+impl Received {
+    /// Every span, whatever its kind.
+    pub fn spans(&self) -> u64 {
+        self.server_spans + self.client_spans + self.other_spans
+    }
+
+    /// What was received since `before`, an earlier count of the same
+    /// receiver.
+    pub fn since(&self, before: &Received) -> Received {
+        Received {
+            exports: self.exports - before.exports,
+            server_spans: self.server_spans - before.server_spans,
+            client_spans: self.client_spans - before.client_spans,
+            other_spans: self.other_spans - before.other_spans,
+            bytes: self.bytes - before.bytes,
+            undecodable: self.undecodable - before.undecodable,
+        }
+    }
+
+    /// Counts one answered export of `bytes`, its spans by kind.
+    fn count<'a>(&mut self, spans: impl Iterator<Item = &'a Span>, bytes: usize) {
+        for span in spans {
+            match SpanKind::try_from(span.kind) {
+                Ok(SpanKind::Server) => self.server_spans += 1,
+                Ok(SpanKind::Client) => self.client_spans += 1,
+                _ => self.other_spans += 1,
+            }
+        }
+        self.bytes += bytes as u64;
+        self.exports += 1;
+    }
+}
 
 /// One span as received, with what its resource and scope said about it.
 /// Attribute values are JSON: strings, booleans, integers (`as_i64`),
@@ -184,9 +263,20 @@ pub struct Receiver {
     addr: SocketAddr,
     /// Whether it serves TLS: its endpoint is `https://`.
     tls: bool,
+    /// Its thread's id, whose CPU time `/proc/self/task/TID/stat` holds.
+    tid: i32,
     shared: Arc<Shared>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// How a receiver is started: its transport, how it answers, what it
+/// keeps, and whether it serves TLS.
+struct Setup {
+    protocol: Protocol,
+    behaviour: Behaviour,
+    keep: Keep,
+    tls: Option<TlsAcceptor>,
 }
 
 impl Receiver {
@@ -198,7 +288,31 @@ impl Receiver {
     /// Starts a receiver on `addr`: a collector coming up where the
     /// service was told it is ([`unused_endpoint`]'s address).
     pub fn start_on(protocol: Protocol, behaviour: Behaviour, addr: &str) -> Receiver {
-        Receiver::start_with(protocol, behaviour, addr, None)
+        let setup = Setup {
+            protocol,
+            behaviour,
+            keep: Keep::Spans,
+            tls: None,
+        };
+        Receiver::start_with(setup, addr).expect("start the OTLP receiver")
+    }
+
+    /// Starts a receiver speaking `protocol` on `127.0.0.1:0` that answers
+    /// every export at once and only counts it ([`Receiver::received`]):
+    /// [`Receiver::spans`] and [`Receiver::request_headers`] stay empty.
+    /// It is the load harness's: cheap enough to run beside a server under
+    /// measurement.
+    ///
+    /// # Errors
+    /// If it cannot bind, or start its runtime or thread.
+    pub fn counting(protocol: Protocol) -> std::io::Result<Receiver> {
+        let setup = Setup {
+            protocol,
+            behaviour: Behaviour::Answer,
+            keep: Keep::Counts,
+            tls: None,
+        };
+        Receiver::start_with(setup, "127.0.0.1:0")
     }
 
     /// Starts a receiver on `127.0.0.1:0` that serves TLS only, with a
@@ -218,36 +332,41 @@ impl Receiver {
             .with_single_cert(chain, key)
             .expect("the receiver's certificate");
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        let acceptor = TlsAcceptor::from(Arc::new(config));
-        Receiver::start_with(protocol, behaviour, "127.0.0.1:0", Some(acceptor))
+        let setup = Setup {
+            protocol,
+            behaviour,
+            keep: Keep::Spans,
+            tls: Some(TlsAcceptor::from(Arc::new(config))),
+        };
+        Receiver::start_with(setup, "127.0.0.1:0").expect("start the OTLP receiver")
     }
 
-    fn start_with(
-        protocol: Protocol,
-        behaviour: Behaviour,
-        addr: &str,
-        tls: Option<TlsAcceptor>,
-    ) -> Receiver {
-        let listener = TcpListener::bind(addr).expect("bind the receiver's listener");
-        let addr = listener
-            .local_addr()
-            .expect("a bound listener has an address");
-        listener
-            .set_nonblocking(true)
-            .expect("tokio needs a non-blocking listener");
+    fn start_with(setup: Setup, addr: &str) -> std::io::Result<Receiver> {
+        let Setup {
+            protocol,
+            behaviour,
+            keep,
+            tls,
+        } = setup;
+        let listener = TcpListener::bind(addr)?;
+        let addr = listener.local_addr()?;
+        // tokio needs a non-blocking listener.
+        listener.set_nonblocking(true)?;
         // Built here rather than on its thread, so that a failure shows in the test.
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .build()
-            .expect("build the receiver's runtime");
+            .build()?;
         let shared = Arc::new(Shared::default());
         let sink = Sink {
             shared: Arc::clone(&shared),
             behaviour,
+            keep,
         };
         let (stop, stopped) = oneshot::channel();
+        let (started, tid) = std::sync::mpsc::sync_channel(1);
         let https = tls.is_some();
         let serve = move || {
+            let _ = started.send(nix::unistd::gettid().as_raw());
             runtime.block_on(async move {
                 tokio::select! {
                     served = serve(listener, protocol, sink, tls) => if let Err(e) = served {
@@ -261,16 +380,19 @@ impl Receiver {
         };
         let thread = thread::Builder::new()
             .name(format!("otlp-receiver-{}", addr.port()))
-            .spawn(serve)
-            .expect("spawn the receiver's thread");
-        Receiver {
+            .spawn(serve)?;
+        let tid = tid
+            .recv()
+            .map_err(|_| std::io::Error::other("the OTLP receiver's thread ended as it started"))?;
+        Ok(Receiver {
             protocol,
             addr,
             tls: https,
+            tid,
             shared,
             stop: Some(stop),
             thread: Some(thread),
-        }
+        })
     }
 
     /// Where it listens.
@@ -307,7 +429,19 @@ impl Receiver {
 
     /// Export requests answered (and recorded).
     pub fn exports(&self) -> usize {
-        self.shared.lock().exports
+        usize::try_from(self.shared.lock().received.exports).unwrap_or(usize::MAX)
+    }
+
+    /// What it has taken so far, counted.
+    pub fn received(&self) -> Received {
+        self.shared.lock().received
+    }
+
+    /// The id of the thread it serves on, whose CPU time
+    /// `/proc/self/task/TID/stat` holds: what receiving costs the process
+    /// it runs in.
+    pub fn thread_id(&self) -> i32 {
+        self.tid
     }
 
     /// Export requests that arrived and decoded, answered or not.
@@ -386,14 +520,22 @@ async fn serve(
     let shared = Arc::clone(&sink.shared);
     let app = match protocol {
         Protocol::Grpc => {
-            tonic::service::Routes::new(TraceServiceServer::new(sink)).into_axum_router()
+            let grpc = TraceServiceServer::new(sink).max_decoding_message_size(MAX_EXPORT);
+            tonic::service::Routes::new(grpc).into_axum_router()
         }
         Protocol::HttpProtobuf => axum::Router::new()
             .route("/v1/traces", axum::routing::post(http_export))
+            .layer(DefaultBodyLimit::max(MAX_EXPORT))
             .with_state(sink),
     };
     loop {
         let (tcp, _) = listener.accept().await.map_err(|e| e.to_string())?;
+        // A gRPC answer is written in pieces (headers, message, trailers):
+        // without TCP_NODELAY the last waits for the exporter's delayed
+        // ACK, some 40 ms an export, and the receiver, not the exporter,
+        // sets the pace. Collectors set it (Go's net package does by
+        // default).
+        let _ = tcp.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
         let tls = tls.clone();
         let shared = Arc::clone(&shared);
@@ -429,7 +571,7 @@ struct Collected {
     spans: Vec<ReceivedSpan>,
     requests: usize,
     headers: Vec<BTreeMap<String, String>>,
-    exports: usize,
+    received: Received,
     handshake_failures: Vec<String>,
 }
 
@@ -447,32 +589,51 @@ impl Shared {
 struct Sink {
     shared: Arc<Shared>,
     behaviour: Behaviour,
+    keep: Keep,
 }
 
 impl Sink {
-    /// Counts `request` and keeps its `headers` on arrival, holds it as
-    /// told, and records its spans as it answers. Dropped while held (the
-    /// client left), it records no span.
-    async fn export(&self, headers: &HeaderMap, request: ExportTraceServiceRequest) {
-        let headers = headers.iter().map(|(name, value)| {
-            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-            (name.as_str().to_owned(), value)
+    /// Counts `request` (`bytes` encoded) and keeps its headers on arrival,
+    /// holds it as told, and counts and records its spans as it answers.
+    /// Dropped while held (the client left), it records no span. Counting
+    /// only, it keeps neither headers nor spans.
+    async fn export(
+        &self,
+        headers: Option<&HeaderMap>,
+        request: ExportTraceServiceRequest,
+        bytes: usize,
+    ) {
+        let headers = headers.map(|headers| {
+            let headers = headers.iter().map(|(name, value)| {
+                let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+                (name.as_str().to_owned(), value)
+            });
+            headers.collect()
         });
         {
             let mut collected = self.shared.lock();
             collected.requests += 1;
-            collected.headers.push(headers.collect());
+            collected.headers.extend(headers);
         }
         self.shared.grew.notify_all();
         if let Behaviour::Slow(hold) = self.behaviour {
             tokio::time::sleep(hold).await;
         }
-        let spans = decode(request);
+        let spans = (request.resource_spans.iter())
+            .flat_map(|resource| &resource.scope_spans)
+            .flat_map(|scope| &scope.spans);
         let mut collected = self.shared.lock();
-        collected.spans.extend(spans);
-        collected.exports += 1;
+        collected.received.count(spans, bytes);
+        if self.keep == Keep::Spans {
+            collected.spans.extend(decode(request));
+        }
         drop(collected);
         self.shared.grew.notify_all();
+    }
+
+    /// The request's headers, where the receiver keeps them.
+    fn keeps<'h>(&self, headers: &'h HeaderMap) -> Option<&'h HeaderMap> {
+        (self.keep == Keep::Spans).then_some(headers)
     }
 }
 
@@ -482,8 +643,11 @@ impl TraceService for Sink {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let headers = request.metadata().clone().into_headers();
-        Sink::export(self, &headers, request.into_inner()).await;
+        // tonic keeps no count of the bytes it decoded: the message's own
+        // encoded length, a walk over it, far cheaper than the decoding.
+        let bytes = request.get_ref().encoded_len();
+        let headers = (self.keep == Keep::Spans).then(|| request.metadata().clone().into_headers());
+        Sink::export(self, headers.as_ref(), request.into_inner(), bytes).await;
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
 }
@@ -498,10 +662,12 @@ async fn http_export(State(sink): State<Sink>, headers: HeaderMap, body: Bytes) 
         let only = "only uncompressed application/x-protobuf";
         return (HttpStatus::UNSUPPORTED_MEDIA_TYPE, only).into_response();
     }
+    let bytes = body.len();
     let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+        sink.shared.lock().received.undecodable += 1;
         return (HttpStatus::BAD_REQUEST, "not an ExportTraceServiceRequest").into_response();
     };
-    sink.export(&headers, request).await;
+    sink.export(sink.keeps(&headers), request, bytes).await;
     let answer = ExportTraceServiceResponse::default().encode_to_vec();
     ([(header::CONTENT_TYPE, PROTOBUF)], answer).into_response()
 }
@@ -572,3 +738,6 @@ fn value(value: Option<AnyValue>) -> Value {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+#[cfg(test)]
+mod tests;

@@ -92,47 +92,63 @@ impl Bench<'_> {
         let mut cases = Vec::new();
         for (route, paths, expected) in &routes {
             for (connections, streams) in SHAPES {
-                let mut runs: Vec<Vec<Run>> = vec![Vec::new(); servers.len()];
-                for round in 0..self.options.rounds as usize {
-                    for turn in 0..servers.len() {
-                        let index = (turn + round) % servers.len();
-                        let (name, addr, pid) = servers[index];
-                        let log = self.logs.join(format!("h2load-{index}.tsv"));
-                        let shape = Shape {
-                            connections,
-                            streams,
-                            expected: *expected,
-                        };
-                        let run = self.h2load(addr, paths, shape, &log, pid).await?;
-                        eprintln!(
-                            "load:   round {}/{} {route} {connections}×{streams} {name}: {:.0} req/s, p50 {} ms, p99 {} ms, server CPU {:.2} µs a request, h2load {:.0} % of a core",
-                            round + 1,
-                            self.options.rounds,
-                            run.rps,
-                            fmt_ms(run.p50_ms),
-                            fmt_ms(run.p99_ms),
-                            run.cpu_us,
-                            run.client_busy * 100.0,
-                        );
-                        runs[index].push(run);
-                    }
-                }
-                cases.push(H2Case {
-                    route: (*route).to_owned(),
+                let shape = Shape {
                     connections,
                     streams,
-                    series: servers
-                        .iter()
-                        .zip(runs)
-                        .map(|((name, ..), runs)| Series::new(name, runs))
-                        .collect(),
-                });
+                    expected: *expected,
+                };
+                cases.push(self.h2_case(&servers, route, paths, shape).await?);
             }
         }
         for replica in [&mut service, &mut minimal, &mut nodelay] {
             stop(replica).await;
         }
         Ok(cases)
+    }
+
+    /// Every server's rounds of `route` (`paths`) in `shape`, taking turns.
+    async fn h2_case(
+        &self,
+        servers: &[(&str, SocketAddr, i32)],
+        route: &str,
+        paths: &[String],
+        shape: Shape,
+    ) -> anyhow::Result<H2Case> {
+        let Shape {
+            connections,
+            streams,
+            ..
+        } = shape;
+        let mut runs: Vec<Vec<Run>> = vec![Vec::new(); servers.len()];
+        for round in 0..self.options.rounds as usize {
+            for turn in 0..servers.len() {
+                let index = (turn + round) % servers.len();
+                let (name, addr, pid) = servers[index];
+                let log = self.logs.join(format!("h2load-{index}.tsv"));
+                let run = self.h2load(addr, paths, shape, &log, pid).await?;
+                eprintln!(
+                    "load:   round {}/{} {route} {connections}×{streams} {name}: {:.0} req/s, p50 {} ms, p99 {} ms, server CPU {:.2} µs a request, h2load {:.0} % of a core",
+                    round + 1,
+                    self.options.rounds,
+                    run.rps,
+                    fmt_ms(run.p50_ms),
+                    fmt_ms(run.p99_ms),
+                    run.cpu_us,
+                    run.client_busy * 100.0,
+                );
+                runs[index].push(run);
+            }
+        }
+        Ok(H2Case {
+            route: route.to_owned(),
+            connections,
+            streams,
+            series: servers
+                .iter()
+                .zip(runs)
+                .map(|((name, ..), runs)| Series::new(name, runs))
+                .collect(),
+        })
     }
 
     /// One measured `h2load` run against `addr`, cycling through `paths`,

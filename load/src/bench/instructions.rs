@@ -40,6 +40,41 @@ pub struct InstructionSeries {
     pub per_request: f64,
 }
 
+/// One server and route of the instructions part.
+struct Case<'a> {
+    /// The route requested.
+    route: &'static str,
+    /// The server's row name.
+    name: &'a str,
+    /// Its binary.
+    program: &'a Path,
+    /// Where its readiness is read.
+    ready: &'static str,
+    /// The request sent, over and over.
+    request: &'a [u8],
+    /// The middleware step the build goes without (`LOAD_WITHOUT`), if any.
+    step: Option<&'a str>,
+}
+
+impl<'a> Case<'a> {
+    fn new(
+        route: &'static str,
+        name: &'a str,
+        program: &'a Path,
+        ready: &'static str,
+        request: &'a [u8],
+    ) -> Case<'a> {
+        Case {
+            route,
+            name,
+            program,
+            ready,
+            request,
+            step: None,
+        }
+    }
+}
+
 impl Bench<'_> {
     /// Each server under callgrind, twice: [`INSTRUCTION_RUNS`] requests
     /// over 8 connections, then SIGTERM. `GET /healthz` on lameduck, the
@@ -48,92 +83,112 @@ impl Bench<'_> {
     /// counting.
     pub(super) async fn instructions(&self) -> anyhow::Result<Vec<InstructionSeries>> {
         eprintln!("load: instructions per request under callgrind");
-        let b = self.binaries;
         let healthz = raw::get("/healthz");
         let redirect = raw::get("/bench-0");
-        let cases: [(&str, &str, &Path, &str, &[u8]); 7] = [
-            ("GET /healthz", LAMEDUCK, &b.service, "/readyz", &healthz),
-            (
-                "GET /healthz",
-                MINIMAL_AXUM,
-                &b.minimal_axum,
-                "/readyz",
-                &healthz,
-            ),
-            (
-                "GET /healthz",
-                PLAIN_AXUM,
-                &b.plain_axum,
-                "/readyz",
-                &healthz,
-            ),
-            (
-                "GET /healthz",
-                BARE_HYPER,
-                &b.bare_hyper,
-                "/healthz",
-                &healthz,
-            ),
-            ("GET /{code}", &COUNTING, &b.service, "/readyz", &redirect),
-            (
-                "GET /{code}",
-                MINIMAL_REDIRECT,
-                &b.minimal_axum,
-                "/readyz",
-                &redirect,
-            ),
-            (
-                "GET /{code}",
-                &NOT_COUNTING,
-                &b.redirect_uncounted,
-                "/readyz",
-                &redirect,
-            ),
-        ];
-        // Then lameduck without each step of its middleware, in turn, and
+        // lameduck without each step of its middleware, in turn, and
         // without every step at once.
         let without: Vec<(String, &str)> = crate::baseline::STEPS
             .iter()
             .chain([&crate::baseline::EVERY_STEP])
             .map(|step| (format!("{LAMEDUCK} without {step}"), *step))
             .collect();
-        let cases = cases
-            .into_iter()
-            .map(|(route, name, program, ready, request)| {
-                (route, name, program, ready, request, None)
-            })
-            .chain(without.iter().map(|(name, step)| {
-                let program = b.lameduck_without.as_path();
-                (
-                    "GET /healthz",
-                    name.as_str(),
-                    program,
-                    "/readyz",
-                    &healthz[..],
-                    Some(*step),
-                )
-            }));
         let mut series = Vec::new();
-        for (index, (route, name, program, ready, request, step)) in cases.enumerate() {
-            let spec = |run: &str| {
-                let mut spec = if program == b.bare_hyper.as_path() {
-                    self.bare_spec()
-                } else {
-                    self.spec(program, run, &[])
-                };
-                if let Some(step) = step {
-                    let variable = crate::baseline::WITHOUT_ENV.to_owned();
-                    spec.env.push((variable, step.to_owned()));
-                }
-                spec
-            };
+        let cases = self.instruction_cases(&healthz, &redirect, &without);
+        for (index, case) in cases.iter().enumerate() {
+            let spec = |run: &str| self.instruction_spec(case, run);
             let label = format!("in-{index}");
             series.push(
-                self.count_instructions(&label, route, name, spec, ready, request)
-                    .await?,
+                self.count_instructions(
+                    &label,
+                    case.route,
+                    case.name,
+                    spec,
+                    case.ready,
+                    case.request,
+                )
+                .await?,
             );
         }
         Ok(series)
+    }
+
+    /// The servers and routes of the part, in the order of its table: the
+    /// baselines on `GET /healthz` and `GET /{code}`, then lameduck
+    /// `without` each step.
+    fn instruction_cases<'a>(
+        &'a self,
+        healthz: &'a [u8],
+        redirect: &'a [u8],
+        without: &'a [(String, &'a str)],
+    ) -> Vec<Case<'a>> {
+        let b = self.binaries;
+        let case = Case::new;
+        let mut cases = vec![
+            case("GET /healthz", LAMEDUCK, &b.service, "/readyz", healthz),
+            case(
+                "GET /healthz",
+                MINIMAL_AXUM,
+                &b.minimal_axum,
+                "/readyz",
+                healthz,
+            ),
+            case(
+                "GET /healthz",
+                PLAIN_AXUM,
+                &b.plain_axum,
+                "/readyz",
+                healthz,
+            ),
+            case(
+                "GET /healthz",
+                BARE_HYPER,
+                &b.bare_hyper,
+                "/healthz",
+                healthz,
+            ),
+            case("GET /{code}", &COUNTING, &b.service, "/readyz", redirect),
+            case(
+                "GET /{code}",
+                MINIMAL_REDIRECT,
+                &b.minimal_axum,
+                "/readyz",
+                redirect,
+            ),
+            case(
+                "GET /{code}",
+                &NOT_COUNTING,
+                &b.redirect_uncounted,
+                "/readyz",
+                redirect,
+            ),
+        ];
+        cases.extend(without.iter().map(|(name, step)| Case {
+            step: Some(*step),
+            ..case(
+                "GET /healthz",
+                name,
+                &b.lameduck_without,
+                "/readyz",
+                healthz,
+            )
+        }));
+        cases
+    }
+
+    /// The command of `case`'s server for the run named `run`: bare hyper
+    /// takes no argument but its address; a build without a step is told
+    /// which.
+    fn instruction_spec(&self, case: &Case<'_>, run: &str) -> Spec {
+        let mut spec = if case.program == self.binaries.bare_hyper.as_path() {
+            self.bare_spec()
+        } else {
+            self.spec(case.program, run, &[])
+        };
+        if let Some(step) = case.step {
+            let variable = crate::baseline::WITHOUT_ENV.to_owned();
+            spec.env.push((variable, step.to_owned()));
+        }
+        spec
     }
 
     /// `name` under callgrind, twice: [`INSTRUCTION_RUNS`] requests of

@@ -83,6 +83,22 @@ struct TlsTarget<'a> {
     per_connection: bool,
 }
 
+impl<'a> TlsTarget<'a> {
+    fn new(
+        name: &'static str,
+        server: &'a Replica,
+        client: Option<tls::Client>,
+        per_connection: bool,
+    ) -> TlsTarget<'a> {
+        TlsTarget {
+            name,
+            server,
+            client,
+            per_connection,
+        }
+    }
+}
+
 /// One measured run of a TLS target.
 #[derive(Clone, Copy)]
 struct TlsRun {
@@ -100,82 +116,17 @@ impl Bench<'_> {
             "load: TLS: HTTPS against plain HTTP, keep-alive and a new connection per request"
         );
         let certificates = tls::Certificates::make(&self.scratch.join("tls"))?;
-        let (cert, key) = (
-            certificates.cert.display().to_string(),
-            certificates.key.display().to_string(),
-        );
-        let b = self.binaries;
-        let name = format!("tls-{SERVICE}");
-        let spec = self.spec(&b.service, &name, &["--tls-cert", &cert, "--tls-key", &key]);
-        let mut https = Replica::spawn(&name, &spec, &self.logs.join(format!("{name}.log")))
-            .await
-            .with_context(|| {
-                format!("{SERVICE} with --tls-cert/--tls-key (does this build have them?)")
-            })?;
-        // The public listener speaks TLS only: readiness on the admin one.
-        let admin = abuse::admin_addr(&https).await?;
-        https
-            .wait_ready_at(admin, "/readyz", Duration::from_secs(30))
-            .await?;
-        let mut http = self
-            .start(
-                &format!("tls-{SERVICE}-plain"),
-                &self.spec(&b.service, &format!("tls-{SERVICE}-plain"), &[]),
-                "/readyz",
-            )
-            .await?;
-
+        let (mut https, mut http) = self.tls_servers(&certificates).await?;
         let full = certificates.client(&[b"http/1.1"], false)?;
         let resuming = certificates.client(&[b"http/1.1"], true)?;
-        let mut probe = full
-            .connect(https.addr)
-            .await
-            .with_context(|| format!("TLS handshake with {}", https.addr))?;
-        let negotiated = tls::describe(&probe);
-        let head = probe.exchange(&raw::get("/healthz")).await?;
-        if head.status != 200 {
-            bail!("GET /healthz over HTTPS answered {}", head.status);
-        }
-        drop(probe);
-        let h2 = certificates
-            .client(&[b"h2", b"http/1.1"], false)?
-            .connect(https.addr)
-            .await?;
-        let alpn_offering_h2 = tls::alpn(&h2);
-        drop(h2);
+        let (negotiated, alpn_offering_h2) = probe(&certificates, &full, &https).await?;
         eprintln!("load:   negotiated {negotiated}; offering h2 too: ALPN {alpn_offering_h2}");
-
         let targets = [
-            TlsTarget {
-                name: TLS_KEEP_ALIVE,
-                server: &https,
-                client: Some(full.clone()),
-                per_connection: false,
-            },
-            TlsTarget {
-                name: HTTP_KEEP_ALIVE,
-                server: &http,
-                client: None,
-                per_connection: false,
-            },
-            TlsTarget {
-                name: TLS_FULL,
-                server: &https,
-                client: Some(full),
-                per_connection: true,
-            },
-            TlsTarget {
-                name: TLS_RESUMED,
-                server: &https,
-                client: Some(resuming),
-                per_connection: true,
-            },
-            TlsTarget {
-                name: HTTP_NEW,
-                server: &http,
-                client: None,
-                per_connection: true,
-            },
+            TlsTarget::new(TLS_KEEP_ALIVE, &https, Some(full.clone()), false),
+            TlsTarget::new(HTTP_KEEP_ALIVE, &http, None, false),
+            TlsTarget::new(TLS_FULL, &https, Some(full), true),
+            TlsTarget::new(TLS_RESUMED, &https, Some(resuming), true),
+            TlsTarget::new(HTTP_NEW, &http, None, true),
         ];
         let series = self.tls_rounds(&targets).await;
         stop(&mut https).await;
@@ -188,100 +139,46 @@ impl Bench<'_> {
         })
     }
 
+    /// lameduck over HTTPS with `certificates`' chain, ready on its admin
+    /// listener, and lameduck on plain HTTP.
+    async fn tls_servers(
+        &self,
+        certificates: &tls::Certificates,
+    ) -> anyhow::Result<(Replica, Replica)> {
+        let (cert, key) = (
+            certificates.cert.display().to_string(),
+            certificates.key.display().to_string(),
+        );
+        let b = self.binaries;
+        let name = format!("tls-{SERVICE}");
+        let spec = self.spec(&b.service, &name, &["--tls-cert", &cert, "--tls-key", &key]);
+        let https = Replica::spawn(&name, &spec, &self.logs.join(format!("{name}.log")))
+            .await
+            .with_context(|| {
+                format!("{SERVICE} with --tls-cert/--tls-key (does this build have them?)")
+            })?;
+        // The public listener speaks TLS only: readiness on the admin one.
+        let admin = abuse::admin_addr(&https).await?;
+        https
+            .wait_ready_at(admin, "/readyz", Duration::from_secs(30))
+            .await?;
+        let http = self
+            .start(
+                &format!("tls-{SERVICE}-plain"),
+                &self.spec(&b.service, &format!("tls-{SERVICE}-plain"), &[]),
+                "/readyz",
+            )
+            .await?;
+        Ok((https, http))
+    }
+
+    /// Every target's rounds, taking turns like [`Bench::rounds`].
     async fn tls_rounds(&self, targets: &[TlsTarget<'_>]) -> Vec<TlsSeries> {
-        let connections = usize::try_from(self.options.connections).unwrap_or(64);
-        let keep_alive = Arc::new(vec![raw::get("/healthz")]);
-        let one_shot = Arc::new(vec![raw::get_close("/healthz")]);
         let mut runs: Vec<Vec<TlsRun>> = vec![Vec::new(); targets.len()];
         for round in 0..self.options.rounds as usize {
             for turn in 0..targets.len() {
                 let index = (turn + round) % targets.len();
-                let target = &targets[index];
-                let (requests, latency) = if target.per_connection {
-                    (&one_shot, raw::Latency::FromConnect)
-                } else {
-                    (&keep_alive, raw::Latency::FromSend)
-                };
-                let addr = target.server.addr;
-                let go = |duration: Duration| {
-                    let requests = Arc::clone(requests);
-                    let client = target.client.clone();
-                    async move {
-                        match client {
-                            Some(client) => {
-                                let connect = move || {
-                                    let client = client.clone();
-                                    async move { client.connect(addr).await }
-                                };
-                                raw::closed_loop_with(
-                                    connect,
-                                    requests,
-                                    200,
-                                    connections,
-                                    duration,
-                                    latency,
-                                )
-                                .await
-                            }
-                            None => {
-                                raw::closed_loop_with(
-                                    move || RawConn::connect(addr),
-                                    requests,
-                                    200,
-                                    connections,
-                                    duration,
-                                    latency,
-                                )
-                                .await
-                            }
-                        }
-                    }
-                };
-                go(self.options.warmup).await;
-                let handshakes = target.client.as_ref().map(tls::Client::handshakes);
-                let mark = CpuMark::take(target.server.pid(), Harness::Own);
-                let result = go(self.options.duration).await;
-                let seconds = result.elapsed.as_secs_f64();
-                let spent = mark.spent();
-                let resumed = match (
-                    handshakes,
-                    target.client.as_ref().map(tls::Client::handshakes),
-                ) {
-                    (Some((made0, resumed0)), Some((made1, resumed1))) if made1 > made0 => {
-                        #[allow(clippy::cast_precision_loss)]
-                        let share = (resumed1 - resumed0) as f64 / (made1 - made0) as f64;
-                        share
-                    }
-                    _ => 0.0,
-                };
-                let run = Run::measured(&result, spent);
-                eprintln!(
-                    "load:   round {}/{} {}: {:.0} req/s, p50 {} ms, p99 {} ms, server CPU {:.1} µs per request ({:.0} % of a core), harness {:.0} %{}{}",
-                    round + 1,
-                    self.options.rounds,
-                    target.name,
-                    run.rps,
-                    fmt_ms(run.p50_ms),
-                    fmt_ms(run.p99_ms),
-                    run.cpu_us,
-                    spent.server / seconds * 100.0,
-                    run.client_busy * 100.0,
-                    if target.name == TLS_RESUMED {
-                        format!(", {:.0} % resumed", resumed * 100.0)
-                    } else {
-                        String::new()
-                    },
-                    if run.unexpected + run.errors > 0 {
-                        format!(", {} unexpected, {} errors", run.unexpected, run.errors)
-                    } else {
-                        String::new()
-                    }
-                );
-                runs[index].push(TlsRun {
-                    run,
-                    server_busy: spent.server / seconds,
-                    resumed,
-                });
+                runs[index].push(self.tls_turn(&targets[index], round).await);
             }
         }
         targets
@@ -300,6 +197,148 @@ impl Bench<'_> {
             })
             .collect()
     }
+
+    /// One turn of `target`: the warm-up, then the measured run, with the
+    /// server's and the harness's CPU time read around it and the share of
+    /// handshakes that resumed a session.
+    async fn tls_turn(&self, target: &TlsTarget<'_>, round: usize) -> TlsRun {
+        self.tls_load(target, self.options.warmup).await;
+        let handshakes = target.client.as_ref().map(tls::Client::handshakes);
+        let mark = CpuMark::take(target.server.pid(), Harness::Own);
+        let result = self.tls_load(target, self.options.duration).await;
+        let seconds = result.elapsed.as_secs_f64();
+        let spent = mark.spent();
+        let resumed = match (
+            handshakes,
+            target.client.as_ref().map(tls::Client::handshakes),
+        ) {
+            (Some((made0, resumed0)), Some((made1, resumed1))) if made1 > made0 => {
+                #[allow(clippy::cast_precision_loss)]
+                let share = (resumed1 - resumed0) as f64 / (made1 - made0) as f64;
+                share
+            }
+            _ => 0.0,
+        };
+        let run = Run::measured(&result, spent);
+        eprintln!(
+            "load:   round {}/{} {}: {:.0} req/s, p50 {} ms, p99 {} ms, server CPU {:.1} µs per request ({:.0} % of a core), harness {:.0} %{}{}",
+            round + 1,
+            self.options.rounds,
+            target.name,
+            run.rps,
+            fmt_ms(run.p50_ms),
+            fmt_ms(run.p99_ms),
+            run.cpu_us,
+            spent.server / seconds * 100.0,
+            run.client_busy * 100.0,
+            if target.name == TLS_RESUMED {
+                format!(", {:.0} % resumed", resumed * 100.0)
+            } else {
+                String::new()
+            },
+            if run.unexpected + run.errors > 0 {
+                format!(", {} unexpected, {} errors", run.unexpected, run.errors)
+            } else {
+                String::new()
+            }
+        );
+        TlsRun {
+            run,
+            server_busy: spent.server / seconds,
+            resumed,
+        }
+    }
+
+    /// `--connections` closed-loop connections on `target` for `duration`:
+    /// over TLS with its client or over plain TCP, keep-alive or one
+    /// request a connection.
+    async fn tls_load(&self, target: &TlsTarget<'_>, duration: Duration) -> raw::LoopResult {
+        let connections = usize::try_from(self.options.connections).unwrap_or(64);
+        let (requests, latency) = if target.per_connection {
+            (raw::get_close("/healthz"), raw::Latency::FromConnect)
+        } else {
+            (raw::get("/healthz"), raw::Latency::FromSend)
+        };
+        let requests = Arc::new(vec![requests]);
+        let addr = target.server.addr;
+        match target.client.clone() {
+            Some(client) => {
+                let connect = move || {
+                    let client = client.clone();
+                    async move { client.connect(addr).await }
+                };
+                raw::closed_loop_with(connect, requests, 200, connections, duration, latency).await
+            }
+            None => {
+                let connect = move || RawConn::connect(addr);
+                raw::closed_loop_with(connect, requests, 200, connections, duration, latency).await
+            }
+        }
+    }
+}
+
+/// A handshake of the measured client `full` with `https`, and one that
+/// offers `h2` too: what each settled on (version, cipher suite, key
+/// exchange, ALPN; ALPN). `GET /healthz` over the first must answer 200.
+async fn probe(
+    certificates: &tls::Certificates,
+    full: &tls::Client,
+    https: &Replica,
+) -> anyhow::Result<(String, String)> {
+    let mut probe = full
+        .connect(https.addr)
+        .await
+        .with_context(|| format!("TLS handshake with {}", https.addr))?;
+    let negotiated = tls::describe(&probe);
+    let head = probe.exchange(&raw::get("/healthz")).await?;
+    if head.status != 200 {
+        bail!("GET /healthz over HTTPS answered {}", head.status);
+    }
+    drop(probe);
+    let h2 = certificates
+        .client(&[b"h2", b"http/1.1"], false)?
+        .connect(https.addr)
+        .await?;
+    Ok((negotiated, tls::alpn(&h2)))
+}
+
+/// A median share as a percentage.
+fn percent(values: &[f64]) -> String {
+    format!("{:.0} %", median(values.iter().copied()) * 100.0)
+}
+
+/// One target's row of the TLS part's first table.
+fn tls_row(s: &TlsSeries) -> Vec<String> {
+    let mut name = s.series.server.clone();
+    if s.series.server == TLS_RESUMED {
+        name.push_str(&format!(" ({} resumed)", percent(&s.resumed)));
+    }
+    vec![
+        name,
+        format!("{:.0}", s.series.rps),
+        fmt_ms(s.series.p50_ms),
+        fmt_ms(s.series.p99_ms),
+        format!("{:.1}", s.server_cpu_us()),
+        percent(&s.server_busy),
+        percent(&s.harness_busy),
+        s.series.failures().to_string(),
+    ]
+}
+
+/// `a` ÷ `b`, run by run, labelled `label`: throughput, latency and the
+/// server's CPU a request.
+fn ratio_row(a: &TlsSeries, b: &TlsSeries, label: &str) -> Vec<String> {
+    let cpu: Vec<f64> = (a.server_cpu_us.iter().zip(&b.server_cpu_us))
+        .filter(|(_, y)| **y > 0.0)
+        .map(|(x, y)| x / y)
+        .collect();
+    vec![
+        label.to_owned(),
+        paired_ratio(&a.series, &b.series, |r| r.rps),
+        paired_ratio(&a.series, &b.series, |r| r.p50_ms),
+        paired_ratio(&a.series, &b.series, |r| r.p99_ms),
+        fmt_ratios(&cpu),
+    ]
 }
 
 /// The TLS part's tables.
@@ -319,27 +358,7 @@ pub(super) fn tls_summary(o: &Options, report: &TlsReport, footer: &str) -> Stri
     ]
     .map(str::to_owned)
     .into();
-    let percent = |values: &[f64]| format!("{:.0} %", median(values.iter().copied()) * 100.0);
-    let rows: Vec<Vec<String>> = report
-        .series
-        .iter()
-        .map(|s| {
-            let mut name = s.series.server.clone();
-            if s.series.server == TLS_RESUMED {
-                name.push_str(&format!(" ({} resumed)", percent(&s.resumed)));
-            }
-            vec![
-                name,
-                format!("{:.0}", s.series.rps),
-                fmt_ms(s.series.p50_ms),
-                fmt_ms(s.series.p99_ms),
-                format!("{:.1}", s.server_cpu_us()),
-                percent(&s.server_busy),
-                percent(&s.harness_busy),
-                s.series.failures().to_string(),
-            ]
-        })
-        .collect();
+    let rows: Vec<Vec<String>> = report.series.iter().map(tls_row).collect();
     let ratio_header: Vec<String> = [
         "ratio, run by run, median (min–max)",
         "throughput",
@@ -349,16 +368,6 @@ pub(super) fn tls_summary(o: &Options, report: &TlsReport, footer: &str) -> Stri
     ]
     .map(str::to_owned)
     .into();
-    let cpu_ratio = |a: &TlsSeries, b: &TlsSeries| {
-        fmt_ratios(
-            &a.server_cpu_us
-                .iter()
-                .zip(&b.server_cpu_us)
-                .filter(|(_, y)| **y > 0.0)
-                .map(|(x, y)| x / y)
-                .collect::<Vec<_>>(),
-        )
-    };
     let ratio_rows: Vec<Vec<String>> = [
         (keep_tls, keep_http, "keep-alive: HTTPS ÷ HTTP"),
         (
@@ -373,15 +382,7 @@ pub(super) fn tls_summary(o: &Options, report: &TlsReport, footer: &str) -> Stri
         ),
     ]
     .into_iter()
-    .map(|(a, b, label)| {
-        vec![
-            label.to_owned(),
-            paired_ratio(&a.series, &b.series, |r| r.rps),
-            paired_ratio(&a.series, &b.series, |r| r.p50_ms),
-            paired_ratio(&a.series, &b.series, |r| r.p99_ms),
-            cpu_ratio(a, b),
-        ]
-    })
+    .map(|(a, b, label)| ratio_row(a, b, label))
     .collect();
     let handshake_us = full.server_cpu_us() - new_http.server_cpu_us();
     format!(

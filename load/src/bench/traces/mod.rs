@@ -1,21 +1,26 @@
 //! The traces part (`--parts traces`): what exporting traces costs.
 //! lameduck five ways, taking turns like the other parts: traces off (no
 //! OTLP endpoint, the lazy request span, nothing exported), and traces on
-//! over OTLP/HTTP and over OTLP/gRPC to a receiver in the harness
-//! ([`crate::otlp_sink`]), each sampling 1 % of the requests and all of
-//! them (`parentbased_traceidratio`), on the counted redirect `GET /{code}`
-//! (a server span) and on `GET /api/links/{code}` (a server span and the
-//! database read's client span under it; probes such as `/healthz` are
-//! never traced). Beside throughput, latency and CPU a request: the spans
-//! the receiver got against the requests answered, what the SDK dropped,
-//! the server's RSS, and the CPU of the export threads; then instructions
-//! per request under callgrind, off against on, and per span.
+//! over OTLP/HTTP and over OTLP/gRPC to receivers in the harness
+//! ([`receivers`]: the test kit's, counting), each sampling 1 % of the
+//! requests and all of them (`parentbased_traceidratio`), on the counted
+//! redirect `GET /{code}` (a server span) and on `GET /api/links/{code}` (a
+//! server span and the database read's client span under it; probes such
+//! as `/healthz` are never traced). Beside throughput, latency and CPU a
+//! request: the spans the receiver got against the requests answered, what
+//! the SDK dropped, the server's RSS, and the CPU of the export threads;
+//! then instructions per request under callgrind, off against on, and per
+//! span.
+//!
+//! This module runs the servers and reads what they said at exit;
+//! [`receivers`] counts what they exported, [`tables`] writes the section.
 
 use std::path::Path;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use anyhow::bail;
+use lameduck_testkit::otlp::{Protocol, Received};
 use opentelemetry_sdk::trace::{
     OTEL_BSP_MAX_EXPORT_BATCH_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE_DEFAULT,
     OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_QUEUE_SIZE_DEFAULT, OTEL_BSP_SCHEDULE_DELAY,
@@ -23,21 +28,23 @@ use opentelemetry_sdk::trace::{
 use serde::Serialize;
 
 use super::instructions::InstructionSeries;
-use super::stats::{fmt_ratios, median};
-use super::table::{fmt_busy, fmt_cpu, pairs_table, ratio, series_table};
-use super::{stop, Bench, Options, Series, Target, Turn};
-use crate::otlp_sink::{OtlpSink, Received, Transport};
+use super::{stop, Bench, Series, Target, Turn};
 use crate::raw;
 use crate::replica::{self, Replica};
-use crate::report;
 use crate::SERVICE;
+use receivers::Receivers;
+
+mod receivers;
+mod tables;
+
+pub(super) use tables::traces_summary;
 
 /// One server of the traces part: how it exports (`None`: traces off),
 /// and the ratio of requests it samples.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Flavor {
     /// The OTLP transport.
-    pub transport: Option<Transport>,
+    pub transport: Option<Protocol>,
     /// `OTEL_TRACES_SAMPLER_ARG` of `parentbased_traceidratio`.
     pub ratio: f64,
 }
@@ -46,10 +53,10 @@ pub struct Flavor {
 /// each transport sampling 1 % and all.
 const FLAVORS: [Flavor; 5] = [
     Flavor::off(),
-    Flavor::on(Transport::HttpProtobuf, 0.01),
-    Flavor::on(Transport::HttpProtobuf, 1.0),
-    Flavor::on(Transport::Grpc, 0.01),
-    Flavor::on(Transport::Grpc, 1.0),
+    Flavor::on(Protocol::HttpProtobuf, 0.01),
+    Flavor::on(Protocol::HttpProtobuf, 1.0),
+    Flavor::on(Protocol::Grpc, 0.01),
+    Flavor::on(Protocol::Grpc, 1.0),
 ];
 
 /// The rows' names, in the order of [`FLAVORS`].
@@ -64,7 +71,7 @@ impl Flavor {
         }
     }
 
-    const fn on(transport: Transport, ratio: f64) -> Flavor {
+    const fn on(transport: Protocol, ratio: f64) -> Flavor {
         Flavor {
             transport: Some(transport),
             ratio,
@@ -75,10 +82,10 @@ impl Flavor {
     fn name(self) -> String {
         match self.transport {
             None => format!("{SERVICE}, traces off"),
-            Some(Transport::HttpProtobuf) => {
+            Some(Protocol::HttpProtobuf) => {
                 format!("{SERVICE}, OTLP/HTTP, sampled {:.2}", self.ratio)
             }
-            Some(Transport::Grpc) => format!("{SERVICE}, OTLP/gRPC, sampled {:.2}", self.ratio),
+            Some(Protocol::Grpc) => format!("{SERVICE}, OTLP/gRPC, sampled {:.2}", self.ratio),
         }
     }
 
@@ -86,7 +93,9 @@ impl Flavor {
     fn tag(self) -> String {
         match self.transport {
             None => "off".to_owned(),
-            Some(transport) => format!("{}-{}", transport.protocol().replace('/', "-"), self.ratio),
+            Some(transport) => {
+                format!("{}-{}", transport.env_value().replace('/', "-"), self.ratio)
+            }
         }
     }
 
@@ -212,8 +221,8 @@ impl Bench<'_> {
     pub(super) async fn traces(&self) -> anyhow::Result<TracesReport> {
         eprintln!("load: traces: off, over HTTP/protobuf and over gRPC to a receiver on loopback, sampling 1 % and all");
         refuse_inherited_otel()?;
-        let sink = OtlpSink::start()?;
-        eprintln!("load:   OTLP receiver on {}", sink.endpoint());
+        let receivers = Receivers::start()?;
+        eprintln!("load:   {receivers}");
         let links = |path: fn(u32) -> String| -> Vec<Vec<u8>> {
             (0..self.options.links)
                 .map(|n| raw::get(&path(n)))
@@ -238,12 +247,12 @@ impl Bench<'_> {
         ] {
             let requests = Arc::new(requests);
             let mut case = self
-                .traces_case(&sink, route, short, requests, expected)
+                .traces_case(&receivers, route, short, requests, expected)
                 .await?;
             case.spans_per_request = spans;
             cases.push(case);
         }
-        let instructions = self.traces_instructions(&sink).await?;
+        let instructions = self.traces_instructions(&receivers).await?;
         Ok(TracesReport {
             settings: settings(),
             cases,
@@ -251,19 +260,20 @@ impl Bench<'_> {
         })
     }
 
-    /// A server's command: lameduck, the traced ones pointed at `sink`
+    /// A server's command: lameduck, the traced ones pointed at `receivers`
     /// over their transport, sampling at their ratio.
-    fn traces_spec(&self, sink: &OtlpSink, run: &str, flavor: Flavor) -> replica::Spec {
+    fn traces_spec(&self, receivers: &Receivers, run: &str, flavor: Flavor) -> replica::Spec {
         let mut spec = self.spec(&self.binaries.service, run, &[]);
         if let Some(transport) = flavor.transport {
-            spec.env.extend(traced_env(sink, transport, flavor.ratio));
+            spec.env
+                .extend(traced_env(receivers, transport, flavor.ratio));
         }
         spec
     }
 
     async fn traces_case(
         &self,
-        sink: &OtlpSink,
+        receivers: &Receivers,
         route: &str,
         short: &str,
         requests: Arc<Vec<Vec<u8>>>,
@@ -274,7 +284,7 @@ impl Bench<'_> {
         for (flavor, name) in FLAVORS.into_iter().zip(NAMES.iter()) {
             let run = format!("tr-{short}-{}", flavor.tag());
             let replica = self
-                .start(&run, &self.traces_spec(sink, &run, flavor), "/readyz")
+                .start(&run, &self.traces_spec(receivers, &run, flavor), "/readyz")
                 .await?;
             self.create_links(&replica).await?;
             servers.push(Traced {
@@ -288,7 +298,7 @@ impl Bench<'_> {
             .map(|s| {
                 s.flavor
                     .transport
-                    .map_or_else(Received::default, |t| sink.received(t))
+                    .map_or_else(Received::default, |t| receivers.received(t))
             })
             .collect();
         let targets: Vec<Target> = servers
@@ -301,7 +311,7 @@ impl Bench<'_> {
             for turn in 0..servers.len() {
                 let index = (turn + round) % servers.len();
                 let (run, traced_run) = self
-                    .traced_turn(sink, &servers[index], &targets[index], round)
+                    .traced_turn(receivers, &servers[index], &targets[index], round)
                     .await;
                 runs[index].push(run);
                 traced[index].push(traced_run);
@@ -315,7 +325,7 @@ impl Bench<'_> {
         {
             stop(&mut server.replica).await;
             let received = match server.flavor.transport {
-                Some(transport) => sink
+                Some(transport) => receivers
                     .settle(transport, SETTLED_AFTER, SETTLE_BOUND)
                     .await
                     .since(&started),
@@ -341,15 +351,15 @@ impl Bench<'_> {
     /// quiet again, and the CPU of the export threads and of the receiver.
     async fn traced_turn(
         &self,
-        sink: &OtlpSink,
+        receivers: &Receivers,
         server: &Traced,
         target: &Target,
         round: usize,
     ) -> (super::Run, TracedRun) {
         let pid = server.replica.pid();
-        let before = server.flavor.transport.map(|t| sink.received(t));
+        let before = server.flavor.transport.map(|t| receivers.received(t));
         let export_before = export_threads_cpu(pid);
-        let sink_before = sink.cpu_time();
+        let receiver_before = receivers.cpu_time();
         let Turn {
             run,
             answered,
@@ -357,14 +367,14 @@ impl Bench<'_> {
         } = self.turn(target, round).await;
         let rss_kib = server.replica.rss_kib();
         let received = match (server.flavor.transport, before) {
-            (Some(transport), Some(before)) => sink
+            (Some(transport), Some(before)) => receivers
                 .settle(transport, SETTLED_AFTER, SETTLE_BOUND)
                 .await
                 .since(&before),
             _ => Received::default(),
         };
         let export_cpu = since(export_before, export_threads_cpu(pid));
-        let sink_cpu = since(sink_before, sink.cpu_time());
+        let receiver_cpu = since(receiver_before, receivers.cpu_time());
         #[allow(clippy::cast_precision_loss)]
         let per_answer = |seconds: f64| seconds * 1e6 / answered.max(1) as f64;
         let loaded = (self.options.warmup + elapsed).as_secs_f64();
@@ -373,7 +383,7 @@ impl Bench<'_> {
             received,
             rss_kib,
             export_cpu_us: per_answer(export_cpu),
-            receiver_busy: sink_cpu / loaded,
+            receiver_busy: receiver_cpu / loaded,
         };
         if server.flavor.transport.is_some() {
             eprintln!(
@@ -392,7 +402,10 @@ impl Bench<'_> {
 
     /// Instructions per request under callgrind, each server of
     /// [`FLAVORS`], on both routes.
-    async fn traces_instructions(&self, sink: &OtlpSink) -> anyhow::Result<Vec<InstructionSeries>> {
+    async fn traces_instructions(
+        &self,
+        receivers: &Receivers,
+    ) -> anyhow::Result<Vec<InstructionSeries>> {
         let redirect = raw::get("/bench-0");
         let show = raw::get("/api/links/bench-0");
         let mut series = Vec::new();
@@ -400,7 +413,7 @@ impl Bench<'_> {
         for (case, (route, request)) in routes.into_iter().enumerate() {
             for (index, flavor) in FLAVORS.into_iter().enumerate() {
                 let label = format!("tr-in-{case}-{index}");
-                let spec = |run: &str| self.traces_spec(sink, run, flavor);
+                let spec = |run: &str| self.traces_spec(receivers, run, flavor);
                 let name = flavor.name();
                 series.push(
                     self.count_instructions(&label, route, &name, spec, "/readyz", request)
@@ -412,16 +425,19 @@ impl Bench<'_> {
     }
 }
 
-/// The environment of a server exporting to `sink` over `transport`,
+/// The environment of a server exporting to `receivers` over `transport`,
 /// sampling `ratio` of the requests: the endpoint, the protocol, the
 /// sampler and the export interval; every other batch setting is the
 /// SDK's default.
-fn traced_env(sink: &OtlpSink, transport: Transport, ratio: f64) -> [(String, String); 5] {
+fn traced_env(receivers: &Receivers, transport: Protocol, ratio: f64) -> [(String, String); 5] {
     [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), sink.endpoint()),
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+            receivers.endpoint(transport),
+        ),
         (
             "OTEL_EXPORTER_OTLP_PROTOCOL".to_owned(),
-            transport.protocol().to_owned(),
+            transport.env_value().to_owned(),
         ),
         (
             "OTEL_TRACES_SAMPLER".to_owned(),
@@ -548,298 +564,9 @@ fn parse_exit_counts(log: &str) -> ExitCounts {
     counts
 }
 
-impl TracesSeries {
-    /// Server spans received ÷ requests answered, one per run.
-    #[allow(clippy::cast_precision_loss)]
-    fn server_spans_per_request(&self) -> Vec<f64> {
-        self.traced
-            .iter()
-            .map(|t| t.received.server_spans as f64 / t.answered.max(1) as f64)
-            .collect()
-    }
-}
-
-/// The traces part's section: per route, the servers under load, each
-/// traced one ÷ off run by run, and what the traced ones exported; then
-/// instructions per request and per span.
-pub(super) fn traces_summary(o: &Options, traces: &TracesReport, footer: &str) -> String {
-    let mut text = format!(
-        "### Traces: {SERVICE} with traces off, and exporting over OTLP/HTTP and OTLP/gRPC to a receiver on loopback sampling 1 % and all of the requests (`parentbased_traceidratio`), closed loop, {} connections, {} rounds of {:?} (+{:?} warm-up), servers taking turns\n\n\
-         Batch span processor: {}. The receiver runs in the harness, on the load generator's core: it decodes every export, counts its spans and answers success.\n\n",
-        o.connections,
-        o.rounds,
-        o.duration,
-        o.warmup,
-        traces.settings.join(", "),
-    );
-    for case in &traces.cases {
-        let Some((off, traced)) = case.series.split_first() else {
-            continue;
-        };
-        let all: Vec<&Series> = case.series.iter().map(|s| &s.series).collect();
-        let pairs: Vec<(&Series, &Series, String)> = traced
-            .iter()
-            .map(|s| (&s.series, &off.series, s.flavor.target(&case.route)))
-            .collect();
-        text.push_str(&format!(
-            "#### `{}`\n\n{}\n{}\n{}\n",
-            case.route,
-            series_table(&all, &off.series),
-            pairs_table(&pairs),
-            exported_table(&case.series),
-        ));
-    }
-    text.push_str(&instructions_table(&traces.instructions, &traces.cases));
-    text.push_str(footer);
-    text.push('\n');
-    text
-}
-
-/// What each server exported, beside its RSS and the export's CPU.
-fn exported_table(series: &[TracesSeries]) -> String {
-    let header: Vec<String> = [
-        "server",
-        "requests answered (all runs)",
-        "sampled (ratio)",
-        "server spans received ÷ requests, run by run",
-        "database spans received",
-        "other spans received",
-        "spans per export (mean)",
-        "bytes per span (mean)",
-        "spans received, every kind",
-        "at exit, server's count: ended / exported / dropped",
-        "trace pipeline warnings",
-        "RSS at end of run, MiB (median / max)",
-        "export threads' CPU µs a request (median)",
-        "receiver busy (median)",
-    ]
-    .map(str::to_owned)
-    .into();
-    let rows: Vec<Vec<String>> = series
-        .iter()
-        .map(|s| {
-            let answered: u64 = s.traced.iter().map(|t| t.answered).sum();
-            let rss: Vec<f64> = s
-                .traced
-                .iter()
-                .filter_map(|t| t.rss_kib)
-                .map(|kib| kib as f64 / 1024.0)
-                .collect();
-            let rss = if rss.is_empty() {
-                "–".to_owned()
-            } else {
-                format!(
-                    "{:.1} / {:.1}",
-                    median(rss.iter().copied()),
-                    rss.iter().copied().fold(0.0, f64::max)
-                )
-            };
-            let traced = s.flavor.transport.is_some();
-            let or_dash = |cell: String| if traced { cell } else { "–".to_owned() };
-            #[allow(clippy::cast_precision_loss)]
-            let mean = |total: u64, of: u64| {
-                if of > 0 {
-                    format!("{:.0}", total as f64 / of as f64)
-                } else {
-                    "–".to_owned()
-                }
-            };
-            let received = &s.received;
-            let warnings = if s.exit.sdk_warnings.is_empty() {
-                "none".to_owned()
-            } else {
-                s.exit
-                    .sdk_warnings
-                    .iter()
-                    .map(|(name, seen)| format!("{name} ×{seen}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            vec![
-                s.series.server.clone(),
-                answered.to_string(),
-                or_dash(format!("{:.3}", s.flavor.ratio)),
-                or_dash(fmt_ratios(&s.server_spans_per_request())),
-                or_dash(s.received.client_spans.to_string()),
-                or_dash(s.received.other_spans.to_string()),
-                or_dash(mean(received.spans(), received.exports)),
-                or_dash(mean(received.bytes, received.spans())),
-                or_dash(s.received.spans().to_string()),
-                or_dash(s.exit.spans_exported.map_or_else(
-                    || "not logged".to_owned(),
-                    |exported| {
-                        let dropped = s.exit.spans_dropped;
-                        format!("{} / {exported} / {dropped}", exported + dropped)
-                    },
-                )),
-                or_dash(warnings),
-                rss,
-                or_dash(fmt_cpu(median(
-                    s.traced
-                        .iter()
-                        .map(|t| t.export_cpu_us)
-                        .filter(|v| v.is_finite()),
-                ))),
-                or_dash(fmt_busy(median(
-                    s.traced
-                        .iter()
-                        .map(|t| t.receiver_busy)
-                        .filter(|v| v.is_finite()),
-                ))),
-            ]
-        })
-        .collect();
-    report::table(&header, &rows)
-}
-
-/// Instructions per request, off and on, per route, with on ÷ off; and
-/// what sampling adds to a request, and a span costs.
-fn instructions_table(series: &[InstructionSeries], cases: &[TracesCase]) -> String {
-    if series.is_empty() {
-        return String::new();
-    }
-    let header: Vec<String> = [
-        "route",
-        "server",
-        "instructions per request (callgrind)",
-        "÷ traces off",
-        "more than off, a request",
-        "a span, all in (sampled 1.0)",
-    ]
-    .map(str::to_owned)
-    .into();
-    let rows: Vec<Vec<String>> = series
-        .chunks(FLAVORS.len())
-        .flat_map(|route| {
-            let off = route[0].per_request;
-            let spans = cases
-                .iter()
-                .find(|case| case.route == route[0].route)
-                .map_or(1, |case| case.spans_per_request);
-            route.iter().zip(FLAVORS).map(move |(s, flavor)| {
-                let more = s.per_request - off;
-                let traced = flavor.transport.is_some();
-                vec![
-                    format!("`{}`", s.route),
-                    s.server.clone(),
-                    format!("{:.0}", s.per_request),
-                    ratio(s.per_request, off),
-                    if traced {
-                        format!("{more:.0}")
-                    } else {
-                        "–".to_owned()
-                    },
-                    if traced && flavor.ratio >= 1.0 {
-                        format!("{:.0}", more / f64::from(spans))
-                    } else {
-                        "–".to_owned()
-                    },
-                ]
-            })
-        })
-        .collect();
-    format!(
-        "Instructions under callgrind (the whole process, export threads included; the difference of a 1,000- and an 11,000-request run over 8 connections). A span, all in: what a request sampled costs more than one with traces off, ÷ the spans it makes (the redirect 1, the link shown 2: its server span and its database read). Targets: a span ≤ 8,000; sampled 0.01, ≤ 1,000 more a request.\n\n{}\n",
-        report::table(&header, &rows)
-    )
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::tests::series;
     use super::*;
-
-    fn traced(flavor: Flavor, rps: &[f64], received: u64) -> TracesSeries {
-        let run = TracedRun {
-            answered: 1000,
-            received: Received {
-                exports: 2,
-                server_spans: received,
-                bytes: received * 300,
-                ..Received::default()
-            },
-            rss_kib: Some(20 * 1024),
-            export_cpu_us: 2.0,
-            receiver_busy: 0.1,
-        };
-        TracesSeries {
-            series: series(&flavor.name(), rps),
-            flavor,
-            traced: vec![run; rps.len()],
-            exit: ExitCounts {
-                spans_exported: Some(received * rps.len() as u64),
-                spans_dropped: (1000 - received) * rps.len() as u64,
-                sdk_warnings: Vec::new(),
-            },
-            received: Received {
-                exports: 4,
-                server_spans: received * rps.len() as u64,
-                bytes: received * rps.len() as u64 * 300,
-                ..Received::default()
-            },
-        }
-    }
-
-    // The summary says which settings ran, prices each server against off
-    // run by run with its target, shows dropped spans rather than hiding
-    // them, and prices a span from the instructions.
-    #[test]
-    fn the_summary_gives_on_over_off_and_the_dropped_spans() {
-        use clap::Parser;
-        let options = super::super::tests::Args::parse_from(["load"]).options;
-        let [off, http_some, http_all, grpc_some, grpc_all] = FLAVORS;
-        let instructions = [20_000.0, 20_500.0, 28_000.0, 20_600.0, 28_500.0]
-            .into_iter()
-            .zip(FLAVORS)
-            .map(|(per_request, flavor)| InstructionSeries {
-                route: "GET /{code}".to_owned(),
-                server: flavor.name(),
-                totals: Vec::new(),
-                per_request,
-            })
-            .collect();
-        let report = TracesReport {
-            settings: settings(),
-            cases: vec![TracesCase {
-                route: "GET /{code}".to_owned(),
-                spans_per_request: 1,
-                series: vec![
-                    traced(off, &[100.0, 100.0], 0),
-                    traced(http_some, &[98.0, 99.0], 10),
-                    traced(http_all, &[50.0, 60.0], 1000),
-                    traced(grpc_some, &[97.0, 97.0], 10),
-                    traced(grpc_all, &[40.0, 40.0], 900),
-                ],
-            }],
-            instructions,
-        };
-        let text = traces_summary(&options, &report, "footer");
-        assert!(
-            text.contains("OTEL_BSP_SCHEDULE_DELAY=200 (set by the bench)"),
-            "{text}"
-        );
-        assert!(
-            text.contains("OTEL_BSP_MAX_QUEUE_SIZE=2048 (the SDK's default)"),
-            "{text}"
-        );
-        let all = format!("| {} ÷ {} | 0.550 (0.50–0.60)", http_all.name(), off.name());
-        assert!(text.contains(&all), "{text}");
-        assert!(text.contains("| ≥ 0.80 "), "{text}");
-        assert!(text.contains("| ≥ 0.97 "), "{text}");
-        assert!(text.contains("| 2000 / 1800 / 200 "), "{text}");
-        assert!(text.contains("| 0.900 (0.90–0.90) "), "{text}");
-        assert!(text.contains("| 0.010 (0.01–0.01) "), "{text}");
-        // Sampled 0.01: 500 more a request; all: 8,000 a span.
-        let cells = |server: &str| -> Vec<String> {
-            let row = text
-                .lines()
-                .find(|line| line.starts_with("| `GET /{code}`") && line.contains(server))
-                .unwrap_or_else(|| panic!("no instructions row of {server}:\n{text}"));
-            row.split('|').map(|cell| cell.trim().to_owned()).collect()
-        };
-        assert_eq!(cells(&http_some.name())[5..7], ["500", "–"]);
-        assert_eq!(cells(&http_all.name())[5..7], ["8000", "8000"]);
-    }
 
     #[test]
     fn the_exit_counts_and_the_sdk_warnings_are_read_from_the_log() {

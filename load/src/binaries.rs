@@ -15,7 +15,7 @@ use crate::SERVICE;
 /// The build's profile and the workspace's root, which [`crate::machine`]
 /// owns (they describe a run), named here too for the scenarios that build
 /// and find their tools through this module.
-pub use crate::machine::{workspace_root, PROFILE};
+use crate::machine::{workspace_root, PROFILE};
 
 /// Paths of the server binaries.
 #[derive(Clone, Debug)]

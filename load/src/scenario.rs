@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::binaries::{self, Binaries};
-use crate::machine::Machine;
+use crate::machine::{self, Machine};
 
 /// The options every scenario shares, under their own names.
 #[derive(Clone, Debug)]
@@ -104,7 +104,7 @@ fn run<S: Scenario>(scenario: S, mut machine: Machine) -> anyhow::Result<ExitCod
 fn output_dir(out: Option<PathBuf>, what: &str) -> PathBuf {
     out.unwrap_or_else(|| {
         let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
-        binaries::workspace_root()
+        machine::workspace_root()
             .join("load/out")
             .join(format!("{stamp}-{what}"))
     })

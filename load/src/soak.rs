@@ -18,8 +18,8 @@ use clap::Args;
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
-use crate::binaries::{self, Binaries};
-use crate::machine::Machine;
+use crate::binaries::Binaries;
+use crate::machine::{self, Machine};
 use crate::raw::{self, LoopResult, RawConn};
 use crate::replica::{Ended, Replica, Spec};
 use crate::SERVICE;
@@ -96,7 +96,7 @@ const IDLE_CONNECTS_AT_ONCE: usize = 256;
 /// for every connection and the low concurrency limit, waits for it to be
 /// ready and creates the link the load reads.
 async fn start(options: &Options, binaries: &Binaries, data: &Path) -> anyhow::Result<Replica> {
-    let logs = binaries::workspace_root().join("load/out");
+    let logs = machine::workspace_root().join("load/out");
     std::fs::create_dir_all(&logs)?;
     let max_connections = options.idle + options.connections + 1_000;
     let spec = Spec {

@@ -24,7 +24,7 @@ use clap::ValueEnum;
 use serde::Serialize;
 
 use crate::binaries::{self, Binaries};
-use crate::machine::Machine;
+use crate::machine::{self, Machine};
 use crate::report;
 use crate::SERVICE;
 
@@ -211,7 +211,7 @@ pub fn main(options: Options, mut machine: Machine) -> ExitCode {
         let binaries = Binaries::for_run(options.bin_dir.as_deref(), &mut machine)?;
         let out = options.out.clone().unwrap_or_else(|| {
             let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
-            binaries::workspace_root()
+            machine::workspace_root()
                 .join("load/out")
                 .join(format!("{stamp}-abuse"))
         });

@@ -26,7 +26,7 @@ pub const FAIL_FAST_P99_MS_DEBUG: f64 = 100.0;
 /// The fail-fast bound for the servers this harness runs: release or debug
 /// builds, as it was built itself.
 pub fn fail_fast_bound_ms() -> f64 {
-    if crate::binaries::PROFILE == "release" {
+    if crate::machine::PROFILE == "release" {
         FAIL_FAST_P99_MS
     } else {
         FAIL_FAST_P99_MS_DEBUG
@@ -338,7 +338,7 @@ pub fn verdict(report: &OutageReport) -> Result<(), String> {
                 "503s behind an open breaker took {} ms (p99 of {} over the phases), over {bound} ms ({} build)",
                 result.failed_fast.p99_ms,
                 result.failed_fast.count,
-                crate::binaries::PROFILE
+                crate::machine::PROFILE
             ));
         }
         if !result.exits.iter().all(|e| e.code == Some(0)) {

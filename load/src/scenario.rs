@@ -8,20 +8,30 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
+use serde::Serialize;
 
 use crate::binaries::{self, Binaries};
 use crate::machine::{self, Machine};
 
-/// The options every scenario shares, under their own names.
-#[derive(Clone, Debug)]
+/// The options every scenario behind the balancer takes, flattened into
+/// each one's own (`#[command(flatten)]`) and written into its JSON with
+/// them: what to check, where to write, what to run.
+#[derive(Clone, Debug, clap::Args, Serialize)]
 pub struct Common {
-    /// `--check`: the verdict decides the exit code.
+    /// Exit 1 unless the run meets the scenario's targets (its check, in
+    /// load/README.md); `--smoke` implies it.
+    #[arg(long)]
     pub check: bool,
-    /// `--out`, if given.
+    /// Output folder (default: load/out/<timestamp>-<scenario>).
+    #[arg(long)]
     pub out: Option<PathBuf>,
-    /// `--bin-dir`, if given.
+    /// Use the binaries in this folder instead of building them.
+    #[arg(long)]
+    #[serde(skip)]
     pub bin_dir: Option<PathBuf>,
-    /// `--no-install`.
+    /// Do not run scripts/install-test-deps.sh postgres haproxy first.
+    #[arg(long)]
+    #[serde(skip)]
     pub no_install: bool,
 }
 
@@ -36,7 +46,7 @@ pub trait Scenario: Sized {
     type Report;
 
     /// The options every scenario shares.
-    fn common(&self) -> Common;
+    fn common(&self) -> &Common;
 
     /// Runs the scenario, its logs under `out`.
     ///
@@ -75,7 +85,7 @@ pub fn main<S: Scenario>(scenario: S, machine: Machine) -> ExitCode {
 }
 
 fn run<S: Scenario>(scenario: S, mut machine: Machine) -> anyhow::Result<ExitCode> {
-    let common = scenario.common();
+    let common = scenario.common().clone();
     if !common.no_install {
         binaries::install_test_deps(&["postgres", "haproxy"])?;
     }

@@ -130,21 +130,10 @@ pub struct Options {
     /// options.
     #[arg(long)]
     pub smoke: bool,
-    /// Exit non-zero if a journal run had a failure no kill explains, hits
-    /// out of the bound, or a replica that did not exit 0 at the end.
-    #[arg(long)]
-    pub check: bool,
-    /// Output folder (default: load/out/<timestamp>-crash).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Use the binaries in this folder instead of building them.
-    #[arg(long)]
-    #[serde(skip)]
-    pub bin_dir: Option<PathBuf>,
-    /// Do not run scripts/install-test-deps.sh postgres haproxy first.
-    #[arg(long)]
-    #[serde(skip)]
-    pub no_install: bool,
+    /// `--check`, `--out`, `--bin-dir`, `--no-install`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub common: Common,
 }
 
 impl Options {
@@ -157,7 +146,7 @@ impl Options {
             self.rate = 400;
             self.steady = Duration::from_secs(2);
             self.durabilities = vec![Durability::Journal];
-            self.check = true;
+            self.common.check = true;
         }
         self.checks.redispatch = true;
         self.checks.retries = self.checks.retries.max(1);
@@ -552,13 +541,8 @@ impl Scenario for Options {
                                   answered ≤ stored ≤ answered + cut, every exit 0";
     type Report = CrashReport;
 
-    fn common(&self) -> Common {
-        Common {
-            check: self.check,
-            out: self.out.clone(),
-            bin_dir: self.bin_dir.clone(),
-            no_install: self.no_install,
-        }
+    fn common(&self) -> &Common {
+        &self.common
     }
 
     async fn run(

@@ -25,7 +25,7 @@ pub mod relay;
 pub mod summary;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -153,20 +153,10 @@ pub struct Options {
     /// options.
     #[arg(long)]
     pub smoke: bool,
-    /// Exit non-zero unless lameduck meets every target ([`summary::verdict`]).
-    #[arg(long)]
-    pub check: bool,
-    /// Output folder (default: load/out/<timestamp>-outage).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Use the binaries in this folder instead of building them.
-    #[arg(long)]
-    #[serde(skip)]
-    pub bin_dir: Option<PathBuf>,
-    /// Do not run scripts/install-test-deps.sh postgres haproxy first.
-    #[arg(long)]
-    #[serde(skip)]
-    pub no_install: bool,
+    /// `--check`, `--out`, `--bin-dir`, `--no-install`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub common: Common,
 }
 
 impl Options {
@@ -179,7 +169,7 @@ impl Options {
             self.locked = Duration::from_secs(4);
             self.cut_off = Duration::from_secs(4);
             self.flavors = vec![Flavor::Lameduck];
-            self.check = true;
+            self.common.check = true;
         }
         self
     }
@@ -576,13 +566,8 @@ impl Scenario for Options {
                                   every replica ready throughout, no lost hit";
     type Report = OutageReport;
 
-    fn common(&self) -> Common {
-        Common {
-            check: self.check,
-            out: self.out.clone(),
-            bin_dir: self.bin_dir.clone(),
-            no_install: self.no_install,
-        }
+    fn common(&self) -> &Common {
+        &self.common
     }
 
     async fn run(

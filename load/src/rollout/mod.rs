@@ -12,7 +12,7 @@
 
 pub mod summary;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -139,21 +139,10 @@ pub struct Options {
     /// steady traffic; implies --check. Overrides those options.
     #[arg(long)]
     pub smoke: bool,
-    /// Exit non-zero if a lameduck run with a drain delay had any failed
-    /// request, lost a hit or a link, or a replica exited non-zero.
-    #[arg(long)]
-    pub check: bool,
-    /// Output folder (default: load/out/<timestamp>-rollout).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Use the binaries in this folder instead of building them.
-    #[arg(long)]
-    #[serde(skip)]
-    pub bin_dir: Option<PathBuf>,
-    /// Do not run scripts/install-test-deps.sh postgres haproxy first.
-    #[arg(long)]
-    #[serde(skip)]
-    pub no_install: bool,
+    /// `--check`, `--out`, `--bin-dir`, `--no-install`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub common: Common,
 }
 
 impl Options {
@@ -165,7 +154,7 @@ impl Options {
             self.rate = 400;
             self.steady = Duration::from_secs(3);
             self.flavors = vec![Flavor::Lameduck];
-            self.check = true;
+            self.common.check = true;
         }
         self
     }
@@ -489,13 +478,8 @@ impl Scenario for Options {
     const PASSED: &'static str = "no failed request, no lost hit, every exit 0";
     type Report = RolloutReport;
 
-    fn common(&self) -> Common {
-        Common {
-            check: self.check,
-            out: self.out.clone(),
-            bin_dir: self.bin_dir.clone(),
-            no_install: self.no_install,
-        }
+    fn common(&self) -> &Common {
+        &self.common
     }
 
     async fn run(

@@ -152,20 +152,10 @@ pub struct Options {
     /// targets only. Overrides those options.
     #[arg(long)]
     pub smoke: bool,
-    /// Exit non-zero if a target is missed (see `summary::verdict`).
-    #[arg(long)]
-    pub check: bool,
-    /// Output folder (default: load/out/<timestamp>-rotation).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Use the binaries in this folder instead of building them.
-    #[arg(long)]
-    #[serde(skip)]
-    pub bin_dir: Option<PathBuf>,
-    /// Do not run scripts/install-test-deps.sh postgres haproxy first.
-    #[arg(long)]
-    #[serde(skip)]
-    pub no_install: bool,
+    /// `--check`, `--out`, `--bin-dir`, `--no-install`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub common: Common,
 }
 
 impl Options {
@@ -182,7 +172,7 @@ impl Options {
             self.links = 50;
             self.rounds = 1;
             self.checks.inter = Duration::from_millis(200);
-            self.check = true;
+            self.common.check = true;
         }
         self
     }
@@ -373,13 +363,8 @@ impl Scenario for Options {
                                   storm within its bound, the new replica served once connections age";
     type Report = RotationReport;
 
-    fn common(&self) -> Common {
-        Common {
-            check: self.check,
-            out: self.out.clone(),
-            bin_dir: self.bin_dir.clone(),
-            no_install: self.no_install,
-        }
+    fn common(&self) -> &Common {
+        &self.common
     }
 
     async fn run(

@@ -4,7 +4,6 @@
 
 use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
-use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -109,34 +108,28 @@ pub(crate) enum MarkStyle {
     /// A triangle above the plot: readiness comes milliseconds before the
     /// SIGTERM it allows, and would hide under its line.
     Triangle,
-    /// A vertical rule across the plot, dashed as `(dash, gap)` or solid.
-    Rule(RGBColor, Option<(u32, u32)>),
+    /// A vertical rule across the plot, of this colour and width. Solid:
+    /// plotters' SVG backend writes every dash as an element of its own
+    /// (a rollout's picture took 366 kB dashed), so colour and width tell
+    /// the kinds apart.
+    Rule(RGBColor, u32),
 }
 
 /// The style of each kind of marked moment.
 pub(crate) fn mark_style(kind: MarkKind) -> MarkStyle {
     match kind {
         MarkKind::Ready => MarkStyle::Triangle,
-        MarkKind::Sigterm => MarkStyle::Rule(RED_FAIL, Some((4, 3))),
-        MarkKind::Sigkill => MarkStyle::Rule(RED_FAIL, None),
-        MarkKind::LbOut => MarkStyle::Rule(ORANGE_OUT, Some((2, 2))),
-        MarkKind::LbIn => MarkStyle::Rule(GREEN_READY, Some((2, 2))),
-        MarkKind::Exit => MarkStyle::Rule(GREY, Some((1, 3))),
+        MarkKind::Sigterm => MarkStyle::Rule(RED_FAIL, 1),
+        MarkKind::Sigkill => MarkStyle::Rule(RED_FAIL, 2),
+        MarkKind::LbOut => MarkStyle::Rule(ORANGE_OUT, 1),
+        MarkKind::LbIn => MarkStyle::Rule(GREEN_READY, 1),
+        MarkKind::Exit => MarkStyle::Rule(GREY, 1),
     }
 }
 
-/// A line from `from` to `to` in pixels, dashed as `dash` or solid.
-pub(crate) fn rule(
-    area: &Area<'_>,
-    from: (i32, i32),
-    to: (i32, i32),
-    style: ShapeStyle,
-    dash: Option<(u32, u32)>,
-) -> Drawn {
-    match dash {
-        Some((on, off)) => area.draw(&DashedPathElement::new(vec![from, to], on, off, style)),
-        None => area.draw(&PathElement::new(vec![from, to], style)),
-    }
+/// A line from `from` to `to` in pixels.
+pub(crate) fn rule(area: &Area<'_>, from: (i32, i32), to: (i32, i32), style: ShapeStyle) -> Drawn {
+    area.draw(&PathElement::new(vec![from, to], style))
 }
 
 /// The down-pointing triangle of a readiness, its tip at `tip`.
@@ -153,8 +146,8 @@ pub(crate) fn triangle(area: &Area<'_>, tip: (i32, i32)) -> Drawn {
 pub(crate) fn mark(area: &Area<'_>, style: MarkStyle, x: i32, top: i32, bottom: i32) -> Drawn {
     match style {
         MarkStyle::Triangle => triangle(area, (x, top - 1)),
-        MarkStyle::Rule(color, dash) => {
-            rule(area, (x, top), (x, bottom), color.stroke_width(1), dash)
+        MarkStyle::Rule(color, width) => {
+            rule(area, (x, top), (x, bottom), color.stroke_width(width))
         }
     }
 }
@@ -188,8 +181,6 @@ pub(crate) fn marks(
 pub enum Symbol {
     /// A line of this colour.
     Line(RGBColor),
-    /// A dashed line of this colour.
-    Dashed(RGBColor),
     /// A bar of this colour.
     Bar(RGBColor),
     /// A shaded stretch of this colour.
@@ -214,13 +205,6 @@ fn symbol(area: &Area<'_>, symbol: Symbol, x: i32, y: i32) -> Drawn {
             vec![(x, y), (x + 14, y)],
             color.stroke_width(2),
         )),
-        Symbol::Dashed(color) => rule(
-            area,
-            (x, y),
-            (x + 14, y),
-            color.stroke_width(2),
-            Some((4, 2)),
-        ),
         Symbol::Bar(color) => area.draw(&Rectangle::new(
             [(x + 3, y - 5), (x + 11, y + 6)],
             color.mix(0.8).filled(),

@@ -84,7 +84,6 @@ fn storm_lines(r: &StormResult) -> Vec<Line> {
             color: svg::PALETTE[i % svg::PALETTE.len()],
             points: per_tick(&s.values),
             right: false,
-            dashed: false,
         })
         .collect();
     lines.push(Line {
@@ -92,7 +91,6 @@ fn storm_lines(r: &StormResult) -> Vec<Line> {
         color: svg::TOTAL_COLOR,
         points: per_tick(&series::total(&r.new_per_100ms)),
         right: false,
-        dashed: true,
     });
     lines.push(Line {
         label: "p99 latency (right)".to_owned(),
@@ -104,7 +102,6 @@ fn storm_lines(r: &StormResult) -> Vec<Line> {
             .map(|(s, ms)| (s as f64 + 0.5, *ms))
             .collect(),
         right: true,
-        dashed: false,
     });
     lines
 }
@@ -129,7 +126,6 @@ pub(super) fn scale_up(runs: &[ScaleUpResult]) -> Vec<Chart> {
                         .map(|(t, v)| (t as f64 + 0.5, *v))
                         .collect(),
                     right: false,
-                    dashed: false,
                 })
                 .collect();
             let within = r.within_after_s.map_or_else(

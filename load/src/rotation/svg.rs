@@ -41,8 +41,6 @@ pub(super) struct Line {
     pub(super) points: Vec<(f64, f64)>,
     /// Drawn against the right axis.
     pub(super) right: bool,
-    /// Dashed, to tell it from the replicas' lines.
-    pub(super) dashed: bool,
 }
 
 /// One panel.
@@ -124,14 +122,7 @@ fn heading(area: &Area<'_>, chart: &Chart) -> Drawn {
     let mut keys: Vec<(Symbol, &str)> = chart
         .lines
         .iter()
-        .map(|line| {
-            let symbol = if line.dashed {
-                Symbol::Dashed(line.color)
-            } else {
-                Symbol::Line(line.color)
-            };
-            (symbol, line.label.as_str())
-        })
+        .map(|line| (Symbol::Line(line.color), line.label.as_str()))
         .collect();
     if chart.band.is_some() {
         keys.push((Symbol::Shade(draw::GREEN_READY), "target band"));
@@ -218,13 +209,7 @@ fn draw_line(plot: &Plot<'_>, line: &Line, max: f64) -> Drawn {
     } else {
         line.color.mix(0.9).stroke_width(1)
     };
-    if line.dashed {
-        plot.draw(&plotters::element::DashedPathElement::new(
-            points, 4, 2, style,
-        ))
-    } else {
-        plot.draw(&PathElement::new(points, style))
-    }
+    plot.draw(&PathElement::new(points, style))
 }
 
 /// What the axes measure, under the time axis.
@@ -261,7 +246,6 @@ mod tests {
                 color: PALETTE[0],
                 points: vec![(0.5, 0.5), (1.5, 0.4)],
                 right: false,
-                dashed: false,
             }],
             marks: vec![Mark {
                 at_s: 2.0,
@@ -291,7 +275,7 @@ mod tests {
             .descendants()
             .filter(|n| n.has_tag_name("polyline"))
             .count();
-        // The line, the SIGTERM's dashes, the legend's symbols, the axes.
+        // The line, the SIGTERM's rule, the legend's symbols, the axes.
         assert!(lines > 5, "{lines} polylines");
     }
 }

@@ -39,7 +39,6 @@ mod summary;
 pub use figures::{
     AbuseReport, AttackReport, Counters, Held, Kind, KindSummary, Record, SlowReport, Status,
 };
-pub use server::admin_addr;
 pub use slowhttptest::plan;
 pub use summary::{summary, verdict};
 
@@ -105,10 +104,6 @@ pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often slowhttptest's per-second CSV (and the server's log, for its
 /// admin address) is read while waiting.
 const RAMP_POLL: Duration = Duration::from_millis(250);
-
-/// How long after readiness the server's log may take to show its admin
-/// address (it is logged before readiness; the log is written behind).
-const ADMIN_LOG_LIMIT: Duration = Duration::from_secs(5);
 
 /// The code of the link the normal client's redirects ask for, created
 /// before each attack.

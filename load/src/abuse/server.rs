@@ -11,9 +11,7 @@ use anyhow::{bail, Context};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
-use super::{
-    Attack, ADMIN_LOG_LIMIT, EXIT_LIMIT, LINK_CODE, RAMP_POLL, SAMPLE_EVERY, SCRAPE_TIMEOUT,
-};
+use super::{Attack, EXIT_LIMIT, LINK_CODE, SAMPLE_EVERY, SCRAPE_TIMEOUT};
 use crate::binaries::Binaries;
 use crate::metrics::{self, Metrics};
 use crate::raw::{self, RawConn};
@@ -61,7 +59,7 @@ pub(super) async fn start(
         .join(format!("{}-{SERVICE}.log", attack.name()));
     let replica = Replica::spawn(attack.name(), &spec, &log).await?;
     replica.wait_ready("/readyz", READY_LIMIT).await?;
-    let admin = admin_addr(&replica).await?;
+    let admin = replica.admin_addr().await?;
     create_link(replica.addr).await?;
     Ok(Server { replica, admin })
 }
@@ -88,40 +86,6 @@ pub(super) async fn stop(mut server: Server) -> anyhow::Result<Ended> {
     Ok(server.replica.wait_exit(signalled, EXIT_LIMIT).await)
 }
 
-/// The address of the server's admin listener (`/metrics`), from its
-/// `admin endpoints on http://ADDR` log line: the harness starts it on port
-/// 0 (see [`Spec::args`]).
-///
-/// # Errors
-/// If the line is not in the log within a few seconds.
-pub async fn admin_addr(server: &Replica) -> anyhow::Result<SocketAddr> {
-    let deadline = Instant::now() + ADMIN_LOG_LIMIT;
-    loop {
-        let log = std::fs::read_to_string(server.log()).unwrap_or_default();
-        if let Some(addr) = log.lines().find_map(admin_line) {
-            return Ok(addr);
-        }
-        if Instant::now() >= deadline {
-            bail!(
-                "{} logged no `admin endpoints on http://ADDR` line (see {})",
-                server.name,
-                server.log().display()
-            );
-        }
-        tokio::time::sleep(RAMP_POLL).await;
-    }
-}
-
-/// The address in an `admin endpoints on http://ADDR` log line.
-fn admin_line(line: &str) -> Option<SocketAddr> {
-    line.split("admin endpoints on http://")
-        .nth(1)?
-        .split(|c: char| c.is_whitespace() || c == '"')
-        .next()?
-        .parse()
-        .ok()
-}
-
 /// `GET /metrics` on a new connection, parsed, within [`SCRAPE_TIMEOUT`].
 pub(super) async fn scrape(admin: SocketAddr) -> anyhow::Result<Metrics> {
     tokio::time::timeout(SCRAPE_TIMEOUT, metrics::scrape(admin))
@@ -145,25 +109,4 @@ pub(super) async fn sample_connections(admin: SocketAddr, until: Instant) -> (Ve
         tokio::time::sleep(SAMPLE_EVERY.min(until.saturating_duration_since(Instant::now()))).await;
     }
     (samples, failed)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_admin_address_is_found_in_text_and_json_lines() {
-        let text =
-            "2026-11-23T06:14:38Z  INFO lameduck::app: admin endpoints on http://127.0.0.1:4242";
-        assert_eq!(
-            admin_line(text),
-            Some(SocketAddr::from(([127, 0, 0, 1], 4242)))
-        );
-        let json = r#"{"message":"admin endpoints on http://127.0.0.1:4243","level":"INFO"}"#;
-        assert_eq!(
-            admin_line(json),
-            Some(SocketAddr::from(([127, 0, 0, 1], 4243)))
-        );
-        assert_eq!(admin_line("listening on http://127.0.0.1:1"), None);
-    }
 }

@@ -12,7 +12,6 @@ use serde::Serialize;
 
 use super::stats::{fmt_ratios, median, paired_ratio};
 use super::{stop, Bench, CpuMark, Harness, Options, Run, Series};
-use crate::abuse;
 use crate::raw::{self, RawConn};
 use crate::replica::Replica;
 use crate::report::{self, fmt_ms};
@@ -158,7 +157,7 @@ impl Bench<'_> {
                 format!("{SERVICE} with --tls-cert/--tls-key (does this build have them?)")
             })?;
         // The public listener speaks TLS only: readiness on the admin one.
-        let admin = abuse::admin_addr(&https).await?;
+        let admin = https.admin_addr().await?;
         https
             .wait_ready_at(admin, "/readyz", Duration::from_secs(30))
             .await?;

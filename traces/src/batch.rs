@@ -7,9 +7,12 @@
 //! it freed on another thread than the one that made it, and the encoder
 //! reading it cold. Here a span's `Span` message is written while its data
 //! is warm ([`super::wire::span`]) into a small buffer of the thread's,
-//! then appended under a lock to the batch it falls in; its data is freed
-//! where it was made. The export thread only wraps each batch in its
-//! resource and scopes and sends it.
+//! then appended under a lock to the batch it falls in — into the export
+//! request itself, opened with the resource and scope when the batch's
+//! first span came; its data is freed where it was made. The export thread
+//! only closes each batch's request and sends it: no span's bytes are
+//! copied again, nor moved as the request grows (it starts as large as the
+//! largest sent).
 //!
 //! The batching is the SDK's, with its variables read as the SDK reads
 //! them: `OTEL_BSP_SCHEDULE_DELAY` (a batch is sent at most this long after
@@ -21,18 +24,18 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use opentelemetry::{Context, InstrumentationScope};
+use opentelemetry::Context;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
 use super::count::Counts;
-use super::wire::{self, Encoder};
+use super::wire::{self, Body, Encoder};
 
 /// The batching the `OTEL_BSP_*` variables set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,29 +92,20 @@ pub(super) trait Sender: Send + 'static {
     fn send(&self, body: Vec<u8>) -> Result<(), String>;
 }
 
-/// Spans encoded for one export: at most a batch's worth.
-#[derive(Debug, Default)]
+/// Spans encoded for one export: at most a batch's worth, written into
+/// the request that sends them.
+#[derive(Debug)]
 struct Batch {
     spans: usize,
-    /// The `spans` fields of each scope's `ScopeSpans`, in the order the
-    /// scopes first appeared: a process has one or two.
-    scopes: Vec<(InstrumentationScope, Vec<u8>)>,
+    body: Body,
 }
 
-impl Batch {
-    fn push(&mut self, scope: &InstrumentationScope, encoded: &[u8]) {
-        let index = match self.scopes.iter().position(|(known, _)| known == scope) {
-            Some(index) => index,
-            None => {
-                self.scopes
-                    .push((scope.clone(), Vec::with_capacity(64 * 1024)));
-                self.scopes.len() - 1
-            }
-        };
-        self.scopes[index].1.extend_from_slice(encoded);
-        self.spans += 1;
-    }
-}
+/// The room a request's body starts with, until one has been sent: a
+/// batch of the default 512 spans of about 240 bytes takes twice that.
+const FIRST_CAPACITY: usize = 64 * 1024;
+
+/// The most room a request's body starts with, whatever the largest sent.
+const MAX_CAPACITY: usize = 4 * 1024 * 1024;
 
 /// What the threads ending spans and the export thread share.
 #[derive(Debug, Default)]
@@ -142,6 +136,11 @@ struct Shared {
     flushed: Condvar,
     config: Config,
     counts: Arc<Counts>,
+    /// The resource's bytes, written at the head of each request.
+    encoder: Encoder,
+    /// The room each request's body starts with: the largest sent so far,
+    /// so that a batch's bytes are not moved as it grows.
+    capacity: AtomicUsize,
     /// A span was dropped for a full queue: warned once.
     dropping: AtomicBool,
     /// The export thread, joined at the shutdown.
@@ -181,22 +180,24 @@ impl Batcher {
         config: Config,
         counts: Arc<Counts>,
     ) -> std::io::Result<Batcher> {
+        let mut encoder = Encoder::default();
+        encoder.set_resource(resource);
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             flushed: Condvar::new(),
             config,
             counts,
+            encoder,
+            capacity: AtomicUsize::new(FIRST_CAPACITY),
             dropping: AtomicBool::new(false),
             thread: Mutex::new(None),
         });
-        let mut encoder = Encoder::default();
-        encoder.set_resource(resource);
         let thread = std::thread::Builder::new()
             .name("trace export".into())
             .spawn({
                 let shared = Arc::clone(&shared);
-                move || export_loop(&shared, &encoder, &exporter)
+                move || export_loop(&shared, &exporter)
             })?;
         *shared.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(thread);
         Ok(Batcher { shared })
@@ -249,11 +250,15 @@ impl Batcher {
                 return;
             }
             let max = shared.config.max_export_batch_size;
+            let scope = &span.instrumentation_scope;
             if state.batches.back().is_none_or(|batch| batch.spans >= max) {
-                state.batches.push_back(Batch::default());
+                let capacity = shared.capacity.load(Ordering::Relaxed);
+                let body = shared.encoder.open(scope, capacity);
+                state.batches.push_back(Batch { spans: 0, body });
             }
             let batch = state.batches.back_mut().expect("a batch was pushed");
-            batch.push(&span.instrumentation_scope, scratch);
+            batch.body.push(scope, scratch);
+            batch.spans += 1;
             let full = batch.spans >= max;
             state.queued += 1;
             drop(state);
@@ -312,7 +317,7 @@ impl SpanProcessor for Batcher {
 
 /// The export thread: waits for a full batch, the schedule, a flush or the
 /// shutdown, then sends what that calls for.
-fn export_loop(shared: &Shared, encoder: &Encoder, exporter: &impl Sender) {
+fn export_loop(shared: &Shared, exporter: &impl Sender) {
     let config = shared.config;
     let full = |batch: &Batch| batch.spans >= config.max_export_batch_size;
     let mut last_export = Instant::now();
@@ -352,11 +357,10 @@ fn export_loop(shared: &Shared, encoder: &Encoder, exporter: &impl Sender) {
         }
         let mut failure = None;
         for batch in taken {
-            let scopes = batch
-                .scopes
-                .iter()
-                .map(|(scope, spans)| (scope, &spans[..]));
-            let result = exporter.send(encoder.request_of(scopes));
+            let body = shared.encoder.close(batch.body);
+            let room = body.len().min(MAX_CAPACITY);
+            shared.capacity.fetch_max(room, Ordering::Relaxed);
+            let result = exporter.send(body);
             if let Err(error) = &result {
                 failure = Some(error.clone());
             }
@@ -382,6 +386,7 @@ mod tests {
 
     use opentelemetry::trace::TraceState;
     use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId};
+    use opentelemetry::InstrumentationScope;
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
     use prost::Message as _;
@@ -515,6 +520,30 @@ mod tests {
         let rest = harness.sent.try_recv().expect("the flush sent the rest");
         assert_eq!(rest, [names("a", 3..4)]);
         assert_eq!(harness.counts.snapshot(), (4, 4));
+    }
+
+    // A batch is written into a request as large as the largest sent: its
+    // bytes are not moved as it grows.
+    #[test]
+    fn a_request_starts_as_large_as_the_largest_sent() {
+        let harness = start(config(100, 4));
+        let large = |n| {
+            let mut span = span(n, "a");
+            span.attributes = vec![opentelemetry::KeyValue::new("x", "y".repeat(30_000))];
+            span
+        };
+        for n in 0..4 {
+            harness.batcher.on_end(large(n));
+        }
+        assert_eq!(harness.sent.recv().expect("sent"), [names("a", 0..4)]);
+        harness.answer.send(Ok(())).expect("answered");
+        harness.batcher.on_end(span(4, "a"));
+        let shared = &*harness.batcher.shared;
+        let sent = shared.capacity.load(Ordering::Relaxed);
+        assert!(sent > 4 * 30_000, "{sent}");
+        let state = shared.lock();
+        let next = state.batches.back().expect("the next batch");
+        assert!(next.body.capacity() >= sent, "{sent}");
     }
 
     // Past `OTEL_BSP_MAX_QUEUE_SIZE` a span is dropped, and counted: ended,

@@ -44,50 +44,102 @@ impl Encoder {
         self.schema_url = resource.schema_url().map(str::to_owned);
     }
 
-    /// One export request's body: the resource, then each scope with the
-    /// spans encoded for it ([`span`]), in the order given.
-    pub(super) fn request_of<'a>(
-        &self,
-        scopes: impl Iterator<Item = (&'a InstrumentationScope, &'a [u8])>,
-    ) -> Vec<u8> {
-        let scopes: Vec<_> = scopes.collect();
-        let spans: usize = scopes.iter().map(|(_, spans)| spans.len()).sum();
-        let mut request = Vec::with_capacity(spans + self.resource.len() + 256);
-        // Lengths reserved at the size a batch's take: a prefix of three
-        // bytes, up to 2 MiB.
-        message_sized(&mut request, 1, 3, |buf| {
-            message(buf, 1, |buf| buf.extend_from_slice(&self.resource));
-            for (scope, spans) in scopes {
-                message_sized(buf, 2, 3, |buf| {
-                    message(buf, 1, |buf| instrumentation_scope(buf, scope));
-                    buf.extend_from_slice(spans);
-                    string(buf, 3, scope.schema_url().unwrap_or(""));
-                });
-            }
-            if let Some(url) = &self.schema_url {
-                string(buf, 3, url);
-            }
-        });
-        request
+    /// An export request to be written: its resource, and `scope` opened
+    /// for the spans that follow ([`Body::push`]), in a buffer of
+    /// `capacity` bytes.
+    pub(super) fn open(&self, scope: &InstrumentationScope, capacity: usize) -> Body {
+        let mut bytes = Vec::with_capacity(capacity);
+        // `ExportTraceServiceRequest.resource_spans`: lengths reserved at
+        // the size a batch's take, three bytes, up to 2 MiB.
+        let resource_spans = open(&mut bytes, 1, 3);
+        message(&mut bytes, 1, |buf| buf.extend_from_slice(&self.resource));
+        let scope_spans = open(&mut bytes, 2, 3);
+        message(&mut bytes, 1, |buf| instrumentation_scope(buf, scope));
+        Body {
+            bytes,
+            resource_spans,
+            first: (scope.clone(), scope_spans),
+            others: Vec::new(),
+        }
+    }
+
+    /// The request's bytes: the first scope closed, the others after it,
+    /// then the resource's schema.
+    pub(super) fn close(&self, body: Body) -> Vec<u8> {
+        let Body {
+            mut bytes,
+            resource_spans,
+            first: (scope, scope_spans),
+            others,
+        } = body;
+        string(&mut bytes, 3, scope.schema_url().unwrap_or(""));
+        close(&mut bytes, scope_spans, 3);
+        for (scope, spans) in others {
+            message_sized(&mut bytes, 2, 3, |buf| {
+                message(buf, 1, |buf| instrumentation_scope(buf, &scope));
+                buf.extend_from_slice(&spans);
+                string(buf, 3, scope.schema_url().unwrap_or(""));
+            });
+        }
+        if let Some(url) = &self.schema_url {
+            string(&mut bytes, 3, url);
+        }
+        close(&mut bytes, resource_spans, 3);
+        bytes
     }
 
     /// `spans` as one export request's body, grouped by scope in the order
     /// each scope first appears.
     #[cfg(test)]
     pub(super) fn request(&self, spans: &[SpanData]) -> Vec<u8> {
-        let mut scopes: Vec<(&InstrumentationScope, Vec<u8>)> = Vec::new();
+        let mut body = self.open(&spans[0].instrumentation_scope, 0);
+        let mut encoded = Vec::new();
         for data in spans {
-            let scope = &data.instrumentation_scope;
-            let index = match scopes.iter().position(|(known, _)| *known == scope) {
-                Some(index) => index,
-                None => {
-                    scopes.push((scope, Vec::new()));
-                    scopes.len() - 1
-                }
-            };
-            span(&mut scopes[index].1, data, &[]);
+            encoded.clear();
+            span(&mut encoded, data, &[]);
+            body.push(&data.instrumentation_scope, &encoded);
         }
-        self.request_of(scopes.iter().map(|(scope, spans)| (*scope, &spans[..])))
+        self.close(body)
+    }
+}
+
+/// An export request being written ([`Encoder::open`]). The spans of the
+/// scope it was opened with — nearly always all of them: a process has one
+/// or two scopes — are appended in place, where they are sent from; another
+/// scope's wait apart, and are copied in when it is closed.
+#[derive(Debug)]
+pub(super) struct Body {
+    bytes: Vec<u8>,
+    /// Where the lengths of the `ResourceSpans` and of the first scope's
+    /// `ScopeSpans` go.
+    resource_spans: usize,
+    first: (InstrumentationScope, usize),
+    /// The `spans` fields of each other scope's `ScopeSpans`, in the order
+    /// the scopes first appeared.
+    others: Vec<(InstrumentationScope, Vec<u8>)>,
+}
+
+impl Body {
+    /// Appends a span of `scope`, `encoded` by [`span`].
+    pub(super) fn push(&mut self, scope: &InstrumentationScope, encoded: &[u8]) {
+        if *scope == self.first.0 {
+            self.bytes.extend_from_slice(encoded);
+            return;
+        }
+        let spans = match self.others.iter().position(|(known, _)| known == scope) {
+            Some(index) => &mut self.others[index].1,
+            None => {
+                self.others.push((scope.clone(), Vec::new()));
+                &mut self.others.last_mut().expect("just pushed").1
+            }
+        };
+        spans.extend_from_slice(encoded);
+    }
+
+    /// The room the request's bytes have before they must move.
+    #[cfg(test)]
+    pub(super) fn capacity(&self) -> usize {
+        self.bytes.capacity()
     }
 }
 
@@ -189,10 +241,23 @@ fn message(buf: &mut Vec<u8>, tag: u32, write: impl FnOnce(&mut Vec<u8>)) {
 /// [`message`], with `reserved` bytes left for the length: the content is
 /// moved only if its length's varint takes another number of bytes.
 fn message_sized(buf: &mut Vec<u8>, tag: u32, reserved: usize, write: impl FnOnce(&mut Vec<u8>)) {
+    let start = open(buf, tag, reserved);
+    write(buf);
+    close(buf, start, reserved);
+}
+
+/// Starts a message field whose content follows, leaving `reserved` bytes
+/// for its length; says where they are, for [`close`].
+fn open(buf: &mut Vec<u8>, tag: u32, reserved: usize) -> usize {
     encode_key(tag, LEN, buf);
     let start = buf.len();
     buf.resize(start + reserved, 0);
-    write(buf);
+    start
+}
+
+/// Ends the message [`open`] started at `start`: everything after its
+/// reserved bytes is its content.
+fn close(buf: &mut Vec<u8>, start: usize, reserved: usize) {
     let end = buf.len();
     let len = end - start - reserved;
     let needed = encoded_len_varint(len as u64);

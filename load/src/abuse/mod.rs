@@ -101,8 +101,7 @@ pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// error of the run, since the counters are part of the report.
 pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How often slowhttptest's per-second CSV (and the server's log, for its
-/// admin address) is read while waiting.
+/// How often slowhttptest's per-second CSV is read while waiting.
 const RAMP_POLL: Duration = Duration::from_millis(250);
 
 /// The code of the link the normal client's redirects ask for, created

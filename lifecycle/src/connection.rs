@@ -163,9 +163,9 @@ impl ConnState {
         close
     }
 
-    /// The instant this connection reaches `age`.
-    pub(crate) fn at_age(&self, age: Duration) -> Instant {
-        self.born + age
+    /// The instant this connection reaches `age`, if it has one.
+    pub(crate) fn at_age(&self, age: Option<Duration>) -> Option<Instant> {
+        age.map(|age| self.born + age)
     }
 
     /// Requests of this connection not finished yet.

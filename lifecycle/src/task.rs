@@ -130,7 +130,7 @@ impl<S: HttpService> Connections<S> {
         self.metrics().connection_accepted();
         let conn = Arc::new(ConnState::new(self.metrics(), plan.spread.is_none()));
         let io = observed(io, Arc::clone(&conn));
-        // Boxed: the connection's future is 3 KiB, and a task copies its
+        // Boxed: the connection's future is 3.3 KiB, and a task copies its
         // whole stage when its future ends and when its output is taken.
         let run = self.clone().run(io, conn, plan, peer, permit);
         self.shutdown.tracker().spawn(Box::pin(run));
@@ -138,113 +138,118 @@ impl<S: HttpService> Connections<S> {
 
     /// Serves the connection through its stages, holding its permit until
     /// it closes, and counts why it ended.
-    async fn run<Io, A>(
+    ///
+    /// An `async` block, not an `async fn`: the future of an `async fn`
+    /// keeps its arguments twice, as captured and as moved into its body.
+    #[expect(clippy::manual_async_fn, reason = "its arguments held once")]
+    fn run<Io, A>(
         self,
         io: Io,
         conn: Arc<ConnState>,
         plan: Plan,
         peer: A,
-        _permit: Option<OwnedSemaphorePermit>,
-    ) where
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> impl Future<Output = ()>
+    where
         Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         A: Debug + Send + Sync + 'static,
     {
-        let shutdown = &self.shutdown;
-        // Each made inside its `pin!`: a value made first and moved into
-        // the pin would keep a slot of its own in this future, which every
-        // connection carries for its whole life.
-        let mut connection = pin!(self.shared.builder.serve_connection_with_upgrades(
-            TokioIo::new(io),
-            Scoped::for_connection(self.service, shutdown.clone(), Arc::clone(&conn)),
-        ));
-        // Armed when first polled: the grace counts from the drain.
-        let mut first_request_due =
-            pin!(async { timeout(FIRST_REQUEST_GRACE, conn.first_request.cancelled()).await });
-        let config = &self.shared.config;
-        let mut idle = pin!(conn.idle_for(config.idle_timeout));
-        let mut overdue = pin!(conn.overdue(config.header_read_timeout, config.send_timeout));
-        let mut lingered = pin!(conn.idle_for(GOAWAY_GRACE));
-        let mut settled = pin!(conn.idle_since_last(SETTLE));
-        let mut spread_due = pin!(spread_due(shutdown, &plan, config.drain_delay));
-        let age = plan
-            .age
-            .map(|(age, grace)| (conn.at_age(age), conn.at_age(age + grace)));
-        let mut aged = pin!(at(age.map(|(aged, _)| aged)));
-        let mut grace_over = pin!(at(age.map(|(_, over)| over)));
-        let mut stage = Stage::Serving;
-        let (state, peer) = (&*conn, &peer);
-        // The timeline's events and the deadlines: polled only when one of
-        // them woke the task, not at every request the connection wakes it for.
-        let when_woken = WhenWoken::new();
-        let gradual = plan.spread.is_some();
-        let closed = loop {
-            let http1 = conn.protocol() == Protocol::Http1;
-            let listens = move |event| stage.listens(event, http1);
-            let (first_request_due, idle) = (first_request_due.as_mut(), idle.as_mut());
-            let (overdue, lingered) = (overdue.as_mut(), lingered.as_mut());
-            let (settled, spread_due) = (settled.as_mut(), spread_due.as_mut());
-            let (aged, grace_over) = (aged.as_mut(), grace_over.as_mut());
-            let told_for_age = state.told() == Some(CloseReason::Age);
-            let mut others = pin!(async move {
-                tokio::select! {
-                    biased;
-                    () = shutdown.abandoned(), if stage.watches_abandon() => Err(CloseReason::Abandoned),
-                    () = shutdown.triggered(), if !gradual && listens(Event::Triggered) => Ok(Event::Triggered),
-                    () = spread_due, if gradual && listens(Event::Due) => {
-                        state.tell(CloseReason::Drain);
-                        Ok(Event::Due)
+        async move {
+            let _permit = permit;
+            let shutdown = &self.shutdown;
+            // Each made inside its `pin!`: a value made first and moved into
+            // the pin would keep a slot of its own in this future, which every
+            // connection carries for its whole life.
+            let mut connection = pin!(self.shared.builder.serve_connection_with_upgrades(
+                TokioIo::new(io),
+                Scoped::for_connection(self.service, shutdown.clone(), Arc::clone(&conn)),
+            ));
+            // The deadlines of the drain and of the age limit, which most
+            // connections never reach, are made when first polled, each boxed
+            // (`lazily`). Armed then, the first request's grace counts from the
+            // drain.
+            let first_request = || timeout(FIRST_REQUEST_GRACE, conn.first_request.cancelled());
+            let mut first_request_due = pin!(lazily(first_request));
+            let config = &self.shared.config;
+            let mut idle = pin!(conn.idle_for(config.idle_timeout));
+            let mut overdue = pin!(conn.overdue(config.header_read_timeout, config.send_timeout));
+            let mut lingered = pin!(lazily(|| conn.idle_for(GOAWAY_GRACE)));
+            let mut settled = pin!(lazily(|| conn.idle_since_last(SETTLE)));
+            let mut spread_due = pin!(spread_due(shutdown, &plan, config.drain_delay));
+            let mut aged = pin!(at(conn.at_age(plan.age.map(|(age, _)| age))));
+            let mut grace_over = pin!(at(conn.at_age(plan.age.map(|(age, grace)| age + grace))));
+            let mut stage = Stage::Serving;
+            // The timeline's events and the deadlines: polled only when one of
+            // them woke the task, not at every request the connection wakes it for.
+            let when_woken = WhenWoken::new();
+            let closed = loop {
+                let listens = |event| stage.listens(event, conn.protocol() == Protocol::Http1);
+                let told_for_age = conn.told() == Some(CloseReason::Age);
+                // In a block of its own, which lends it the deadlines and the
+                // stage until the connection or it has an event.
+                let event = {
+                    let mut others = pin!(async {
+                        tokio::select! {
+                            biased;
+                            () = shutdown.abandoned(), if stage.watches_abandon() => Err(CloseReason::Abandoned),
+                            () = shutdown.triggered(), if plan.spread.is_none() && listens(Event::Triggered) => Ok(Event::Triggered),
+                            () = spread_due.as_mut(), if plan.spread.is_some() && listens(Event::Due) => {
+                                conn.tell(CloseReason::Drain);
+                                Ok(Event::Due)
+                            }
+                            () = aged.as_mut(), if listens(Event::Due) => {
+                                conn.tell(CloseReason::Age);
+                                Ok(Event::Due)
+                            }
+                            () = conn.goaway.cancelled(), if listens(Event::GoAway) => Ok(Event::GoAway),
+                            () = shutdown.draining(), if listens(Event::Draining) => Ok(Event::Draining),
+                            _ = first_request_due.as_mut(), if listens(Event::FirstRequestDue) => Ok(Event::FirstRequestDue),
+                            () = idle.as_mut(), if listens(Event::Idle) => Ok(Event::Idle),
+                            () = settled.as_mut(), if stage == Stage::Telling => Ok(Event::Idle),
+                            overdue = overdue.as_mut() => Err(closing(&peer, CloseReason::Timeout, match overdue {
+                                Overdue::Head => "request head not received in time; closing",
+                                Overdue::Answers => "answers not taken in time; closing",
+                            })),
+                            () = grace_over.as_mut(), if told_for_age && stage != Stage::Serving => {
+                                Err(closing(&peer, CloseReason::Grace, "past its age and its grace; dropping it with what it has in flight"))
+                            }
+                            () = lingered.as_mut(), if stage == Stage::Closing => {
+                                let why = conn.told().unwrap_or(CloseReason::Drain);
+                                Err(closing(&peer, why, "asked to close but still open; dropping it"))
+                            }
+                        }
+                    });
+                    when_woken.renew();
+                    tokio::select! {
+                        // The connection first: one that closes as soon as it is
+                        // asked never arms the other branches' timers.
+                        biased;
+                        result = coalesced(connection.as_mut(), &conn) => {
+                            if let Err(error) = result {
+                                debug!(?peer, %error, "connection ended with an error");
+                            }
+                            let asked = stage == Stage::Closing || conn.close_sent.load(Ordering::Acquire);
+                            break match conn.told() {
+                                Some(why) if asked => why,
+                                None if asked => CloseReason::Drain,
+                                _ => CloseReason::Client,
+                            };
+                        }
+                        next = poll_fn(|cx| when_woken.poll(others.as_mut(), cx)) => match next {
+                            Ok(event) => event,
+                            Err(why) => break why,
+                        },
                     }
-                    () = aged, if listens(Event::Due) => {
-                        state.tell(CloseReason::Age);
-                        Ok(Event::Due)
-                    }
-                    () = state.goaway.cancelled(), if listens(Event::GoAway) => Ok(Event::GoAway),
-                    () = shutdown.draining(), if listens(Event::Draining) => Ok(Event::Draining),
-                    _ = first_request_due, if listens(Event::FirstRequestDue) => Ok(Event::FirstRequestDue),
-                    () = idle, if listens(Event::Idle) => Ok(Event::Idle),
-                    () = settled, if stage == Stage::Telling => Ok(Event::Idle),
-                    overdue = overdue => Err(closing(peer, CloseReason::Timeout, match overdue {
-                        Overdue::Head => "request head not received in time; closing",
-                        Overdue::Answers => "answers not taken in time; closing",
-                    })),
-                    () = grace_over, if told_for_age && stage != Stage::Serving => {
-                        Err(closing(peer, CloseReason::Grace, "past its age and its grace; dropping it with what it has in flight"))
-                    }
-                    () = lingered, if stage == Stage::Closing => {
-                        let why = state.told().unwrap_or(CloseReason::Drain);
-                        Err(closing(peer, why, "asked to close but still open; dropping it"))
-                    }
+                };
+                let next = stage.next(event, conn.facts());
+                if next == Stage::Closing && stage != Stage::Closing {
+                    conn.tell(Stage::reason(event));
+                    connection.as_mut().graceful_shutdown();
                 }
-            });
-            when_woken.renew();
-            let event = tokio::select! {
-                // The connection first: one that closes as soon as it is
-                // asked never arms the other branches' timers.
-                biased;
-                result = coalesced(connection.as_mut(), &conn) => {
-                    if let Err(error) = result {
-                        debug!(?peer, %error, "connection ended with an error");
-                    }
-                    let asked = stage == Stage::Closing || conn.close_sent.load(Ordering::Acquire);
-                    break match conn.told() {
-                        Some(why) if asked => why,
-                        None if asked => CloseReason::Drain,
-                        _ => CloseReason::Client,
-                    };
-                }
-                next = poll_fn(|cx| when_woken.poll(others.as_mut(), cx)) => match next {
-                    Ok(event) => event,
-                    Err(why) => break why,
-                },
+                stage = next;
             };
-            let next = stage.next(event, conn.facts());
-            if next == Stage::Closing && stage != Stage::Closing {
-                conn.tell(Stage::reason(event));
-                connection.as_mut().graceful_shutdown();
-            }
-            stage = next;
-        };
-        shutdown.metrics().connection_closed(closed);
+            shutdown.metrics().connection_closed(closed);
+        }
     }
 }
 
@@ -255,15 +260,22 @@ async fn spread_due(shutdown: &Watch, plan: &Plan, drain_delay: Duration) {
     shutdown.triggered().await;
     let signalled = shutdown.triggered_at().unwrap_or_else(Instant::now);
     let window = drain_delay.max(shutdown.min_lame_duck());
-    tokio::time::sleep_until(signalled + plan.told_after(window)).await;
+    at(Some(signalled + plan.told_after(window))).await;
 }
 
-/// Resolves at `instant`, or never.
+/// Resolves at `instant`, or never; its timer is made when first polled,
+/// boxed.
 async fn at(instant: Option<Instant>) {
     match instant {
-        Some(instant) => tokio::time::sleep_until(instant).await,
+        Some(instant) => lazily(|| tokio::time::sleep_until(instant)).await,
         None => std::future::pending().await,
     }
+}
+
+/// The future `make` makes, made when first polled and boxed: a deadline
+/// a connection seldom reaches costs its task a pointer, not a timer.
+async fn lazily<F: Future>(make: impl FnOnce() -> F) -> F::Output {
+    Box::pin(make()).await
 }
 
 /// Logs why the server closes a connection.

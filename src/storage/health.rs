@@ -357,7 +357,7 @@ impl DatabaseHealth {
 pub async fn run_health_probe(storage: Storage, token: CancellationToken) -> Result<(), BoxError> {
     let health = storage.health.clone();
     let mut prober = Prober {
-        options: storage.probe_options.clone(),
+        options: AnyConnectOptions::clone(&storage.probe_options),
         connection: None,
     };
     let mut ticker = tokio::time::interval(PROBE_INTERVAL);

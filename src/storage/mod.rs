@@ -19,6 +19,7 @@ pub mod health;
 use std::future::Future;
 use std::path::Path;
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::trace::SpanKind;
@@ -335,15 +336,17 @@ pub struct StoredLink {
 /// service knows of the database's health.
 #[derive(Clone, Debug)]
 pub struct Storage {
+    // Cloned for every request that takes it as axum's `State`: each field
+    // is a pointer or behind one, so a clone allocates and copies nothing.
     pool: AnyPool,
     backend: Backend,
     canceller: Option<AnyPool>,
-    metrics: StorageMetrics,
+    metrics: Arc<StorageMetrics>,
     /// Up, busy or down, and the circuit breaker that makes calls fail
     /// fast while it is down.
     health: DatabaseHealth,
     /// How the health prober opens its own connection, outside the pool.
-    probe_options: AnyConnectOptions,
+    probe_options: Arc<AnyConnectOptions>,
 }
 
 // === impl Storage ===
@@ -430,9 +433,9 @@ impl Storage {
             pool,
             backend,
             canceller,
-            metrics,
+            metrics: Arc::new(metrics),
             health: DatabaseHealth::default(),
-            probe_options,
+            probe_options: Arc::new(probe_options),
         };
         storage.migrate().await?;
         Ok(storage)

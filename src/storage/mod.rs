@@ -337,7 +337,8 @@ pub struct StoredLink {
 #[derive(Clone, Debug)]
 pub struct Storage {
     // Cloned for every request that takes it as axum's `State`: each field
-    // is a pointer or behind one, so a clone allocates and copies nothing.
+    // is a pointer or behind one, so a clone allocates nothing and counts up
+    // five references.
     pool: AnyPool,
     backend: Backend,
     canceller: Option<AnyPool>,

@@ -506,7 +506,7 @@ impl Storage {
     /// not sampled.
     fn span(&self, summary: &'static str) -> ChildSpan {
         ChildSpan::start(summary, SpanKind::Client, || {
-            vec![
+            [
                 KeyValue::new("db.system.name", self.backend.system_name()),
                 KeyValue::new("db.query.summary", summary),
             ]

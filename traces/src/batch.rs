@@ -29,7 +29,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use opentelemetry::Context;
+use opentelemetry::{Context, InstrumentationScope};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
@@ -224,15 +224,14 @@ impl Batcher {
         }
     }
 
-    /// Ends `span`, whose `attributes` ahead of its own are already
-    /// encoded ([`wire::text_attribute`]): encoded here, queued for the
-    /// export thread.
-    pub(super) fn end(&self, span: SpanData, attributes: &[u8]) {
+    /// Ends `span`, of `scope`: encoded here, queued for the export
+    /// thread.
+    pub(super) fn end(&self, scope: &InstrumentationScope, span: &wire::Fields<'_>) {
         let shared = &*self.shared;
         shared.counts.ended();
         SCRATCH.with_borrow_mut(|scratch| {
             scratch.clear();
-            wire::span(scratch, &span, attributes);
+            wire::span(scratch, span);
             let mut state = shared.lock();
             if state.stopping {
                 // After the shutdown: counted ended, never exported.
@@ -250,7 +249,6 @@ impl Batcher {
                 return;
             }
             let max = shared.config.max_export_batch_size;
-            let scope = &span.instrumentation_scope;
             if state.batches.back().is_none_or(|batch| batch.spans >= max) {
                 let capacity = shared.capacity.load(Ordering::Relaxed);
                 let body = shared.encoder.open(scope, capacity);
@@ -266,7 +264,6 @@ impl Batcher {
                 shared.work.notify_one();
             }
         });
-        // `span` is freed here, on the thread that made its strings.
     }
 }
 
@@ -274,7 +271,8 @@ impl SpanProcessor for Batcher {
     fn on_start(&self, _span: &mut Span, _cx: &Context) {}
 
     fn on_end(&self, span: SpanData) {
-        self.end(span, &[]);
+        self.end(&span.instrumentation_scope, &wire::Fields::of(&span));
+        // `span` is freed here, on the thread that made its strings.
     }
 
     fn force_flush(&self) -> OTelSdkResult {

@@ -54,12 +54,19 @@ impl Visit for TextVisitor<'_> {
         if self.result.is_err() || hidden(field) {
             return;
         }
-        let separator = if self.first { "" } else { " " };
-        self.first = false;
-        self.result = match field.name() {
-            "message" => write!(self.writer, "{separator}{value:?}"),
-            name => write!(self.writer, "{separator}{name}={value:?}"),
-        };
+        // Piece by piece: the formatter's machinery only for the value.
+        let writer = &mut self.writer;
+        let first = std::mem::replace(&mut self.first, false);
+        self.result = (|| {
+            if !first {
+                writer.write_char(' ')?;
+            }
+            if field.name() != "message" {
+                writer.write_str(field.name())?;
+                writer.write_char('=')?;
+            }
+            write!(writer, "{value:?}")
+        })();
     }
 }
 

@@ -8,8 +8,8 @@
 //! the one drawn for the sampler), for its log lines. A request sampled
 //! gets its server span, as the HTTP semantic conventions describe it —
 //! named `METHOD route`, kind server, a child of the caller's span —
-//! recorded straight into the SDK's span data (`super::span`) and handed
-//! to the batch processor when it ends: no `tracing` span, no per-poll
+//! recorded in place, its attributes encoded as they are read
+//! (`super::span`), and handed to the batch processor when it ends: no `tracing` span, no per-poll
 //! bookkeeping, no log field copied into an attribute.
 //!
 //! While a request is polled inside [`Edge::enter`], the spans made for it
@@ -40,8 +40,8 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{Context, InstrumentationScope, KeyValue};
 use opentelemetry_sdk::trace::{
-    IdGenerator, RandomIdGenerator, SamplingDecision, ShouldSample, SpanData, SpanEvents,
-    SpanLimits, SpanLinks,
+    IdGenerator, RandomIdGenerator, SamplingDecision, ShouldSample, SpanEvents, SpanLimits,
+    SpanLinks,
 };
 use tracing::{Level, Metadata, Value};
 use tracing_core::callsite::DefaultCallsite;
@@ -50,8 +50,8 @@ use tracing_core::metadata::Kind;
 
 use super::batch::Batcher;
 use super::open::Registration;
-use super::span::Recorded;
-use super::wire;
+use super::span::{Open, Recorded};
+use super::wire::Attributes;
 
 /// What a server span needs: the sampler, the limits, where ended spans
 /// go, and the scope they are reported under.
@@ -135,7 +135,7 @@ impl Edge {
         request_id: Option<&str>,
     ) -> (Edge, Option<TraceId>) {
         match PIPELINE.get() {
-            Some(pipeline) => pipeline.edge(request, route, request_id),
+            Some(pipeline) => Pipeline::edge(pipeline, request, route, request_id),
             None => (Edge::Off, None),
         }
     }
@@ -272,7 +272,7 @@ impl<F: Future> Future for Carried<F> {
 impl Pipeline {
     /// The decision for `request`, taken before anything is built.
     fn edge<B>(
-        &self,
+        &'static self,
         request: &Request<B>,
         route: Option<&str>,
         request_id: Option<&str>,
@@ -316,43 +316,31 @@ impl Pipeline {
             false,
             sampling.trace_state,
         );
-        // `OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`, as the SDK applies it: the
-        // first ones kept.
-        let limit = self.limits.max_attributes_per_span as usize;
-        let mut encoded = Encoded::new(limit);
-        encoded.request(request, method, route);
+        let mut attributes = Attributes::new(self.limits.max_attributes_per_span, 256);
+        request_attributes(&mut attributes, request, method, route);
         if let Some(id) = request_id {
             // What the logs and the answer's `x-request-id` name it by.
-            encoded.text("request_id", id);
+            attributes.text("request_id", id);
         }
-        let mut attributes = sampling.attributes;
-        let room = limit.saturating_sub(encoded.count);
-        let dropped = encoded.dropped + attributes.len().saturating_sub(room);
-        attributes.truncate(room);
-        let dropped = u32::try_from(dropped).unwrap_or(u32::MAX);
-        let start_time = opentelemetry::time::now();
-        let data = SpanData {
-            span_context: context,
+        for attribute in &sampling.attributes {
+            attributes.push(attribute);
+        }
+        let open = Open {
             parent_span_id: if from_caller {
                 caller.span_id()
             } else {
                 SpanId::INVALID
             },
             parent_span_is_remote: from_caller && caller.is_remote(),
-            span_kind: SpanKind::Server,
+            kind: SpanKind::Server,
             name: name(method, route).into(),
-            start_time,
-            end_time: start_time,
+            start_time: opentelemetry::time::now(),
             attributes,
-            dropped_attributes_count: dropped,
+            status: Status::Unset,
             events: SpanEvents::default(),
             links: SpanLinks::default(),
-            status: Status::Unset,
-            instrumentation_scope: self.scope.clone(),
         };
-        let encoded = (encoded.bytes, encoded.count);
-        let processor = self.processor.clone();
-        let span = Recorded::with_encoded(data, encoded, self.limits, processor);
+        let span = Recorded::new(context, open, self);
         let context = parent.with_span(span);
         let sampled = Sampled {
             context: Some(context.clone()),
@@ -375,10 +363,10 @@ pub struct ChildSpan(Option<Box<Recorded>>);
 impl ChildSpan {
     /// Starts the span `name` of `kind`, with the `attributes` made only if
     /// it is recorded.
-    pub fn start(
+    pub fn start<A: IntoIterator<Item = KeyValue>>(
         name: &'static str,
         kind: SpanKind,
-        attributes: impl FnOnce() -> Vec<KeyValue>,
+        attributes: impl FnOnce() -> A,
     ) -> ChildSpan {
         let Some(pipeline) = PIPELINE.get() else {
             return ChildSpan(None);
@@ -419,34 +407,29 @@ impl ChildSpan {
                 (trace_id, SpanId::INVALID, sampling.trace_state)
             }
         };
-        let start_time = opentelemetry::time::now();
-        let data = SpanData {
-            span_context: SpanContext::new(
-                trace_id,
-                pipeline.ids.new_span_id(),
-                TraceFlags::SAMPLED,
-                false,
-                trace_state,
-            ),
+        let mut encoded = Attributes::new(pipeline.limits.max_attributes_per_span, 128);
+        for attribute in attributes() {
+            encoded.push(&attribute);
+        }
+        let context = SpanContext::new(
+            trace_id,
+            pipeline.ids.new_span_id(),
+            TraceFlags::SAMPLED,
+            false,
+            trace_state,
+        );
+        let open = Open {
             parent_span_id,
             parent_span_is_remote: false,
-            span_kind: kind,
+            kind,
             name: name.into(),
-            start_time,
-            end_time: start_time,
-            attributes: attributes(),
-            dropped_attributes_count: 0,
+            start_time: opentelemetry::time::now(),
+            attributes: encoded,
+            status: Status::Unset,
             events: SpanEvents::default(),
             links: SpanLinks::default(),
-            status: Status::Unset,
-            instrumentation_scope: pipeline.scope.clone(),
         };
-        let processor = pipeline.processor.clone();
-        ChildSpan(Some(Box::new(Recorded::new(
-            data,
-            pipeline.limits,
-            processor,
-        ))))
+        ChildSpan(Some(Box::new(Recorded::new(context, open, pipeline))))
     }
 
     /// `true` if the span is recorded (and will be exported).
@@ -518,73 +501,49 @@ fn name(method: &str, route: Option<&str>) -> String {
     name
 }
 
-/// A server span's attributes taken from its request, encoded as they are
-/// read: no string copied out of the request, no `KeyValue` made.
-struct Encoded {
-    bytes: Vec<u8>,
-    count: usize,
-    dropped: usize,
-    limit: usize,
-}
-
-impl Encoded {
-    fn new(limit: usize) -> Encoded {
-        Encoded {
-            bytes: Vec::with_capacity(256),
-            count: 0,
-            dropped: 0,
-            limit,
+/// The HTTP server span's attributes, as OpenTelemetry's semantic
+/// conventions name them, encoded as they are read from the request: no
+/// string copied out of it, no `KeyValue` made.
+fn request_attributes<B>(
+    attributes: &mut Attributes,
+    request: &Request<B>,
+    method: &str,
+    route: Option<&str>,
+) {
+    attributes.text("http.request.method", method);
+    attributes.text("url.path", request.uri().path());
+    if let Some(route) = route {
+        attributes.text("http.route", route);
+    }
+    let version = match request.version() {
+        Version::HTTP_10 => Some("1.0"),
+        Version::HTTP_11 => Some("1.1"),
+        Version::HTTP_2 => Some("2"),
+        _ => None,
+    };
+    if let Some(version) = version {
+        attributes.text("network.protocol.version", version);
+    }
+    // `Host` and `User-Agent` in one pass over the few headers a request
+    // has, rather than a hashed look-up each.
+    let (mut host, mut agent) = (request.uri().host(), None);
+    for (name, value) in request.headers() {
+        if *name == HOST && host.is_none() {
+            host = value.to_str().ok();
+        } else if *name == USER_AGENT && agent.is_none() {
+            agent = value.to_str().ok();
         }
     }
-
-    /// The attribute `key` of text `value`, within the limit.
-    fn text(&mut self, key: &str, value: &str) {
-        if self.count < self.limit {
-            wire::text_attribute(&mut self.bytes, key, value);
-            self.count += 1;
-        } else {
-            self.dropped += 1;
-        }
-    }
-
-    /// The HTTP server span's attributes, as OpenTelemetry's semantic
-    /// conventions name them.
-    fn request<B>(&mut self, request: &Request<B>, method: &str, route: Option<&str>) {
-        self.text("http.request.method", method);
-        self.text("url.path", request.uri().path());
-        if let Some(route) = route {
-            self.text("http.route", route);
-        }
-        let version = match request.version() {
-            Version::HTTP_10 => Some("1.0"),
-            Version::HTTP_11 => Some("1.1"),
-            Version::HTTP_2 => Some("2"),
-            _ => None,
+    if let Some(host) = host {
+        // `Host` may carry a port; an IPv6 literal keeps its brackets.
+        let address = match host.rsplit_once(':') {
+            Some((address, port)) if !port.contains(']') => address,
+            _ => host,
         };
-        if let Some(version) = version {
-            self.text("network.protocol.version", version);
-        }
-        // `Host` and `User-Agent` in one pass over the few headers a
-        // request has, rather than a hashed look-up each.
-        let (mut host, mut agent) = (request.uri().host(), None);
-        for (name, value) in request.headers() {
-            if *name == HOST && host.is_none() {
-                host = value.to_str().ok();
-            } else if *name == USER_AGENT && agent.is_none() {
-                agent = value.to_str().ok();
-            }
-        }
-        if let Some(host) = host {
-            // `Host` may carry a port; an IPv6 literal keeps its brackets.
-            let address = match host.rsplit_once(':') {
-                Some((address, port)) if !port.contains(']') => address,
-                _ => host,
-            };
-            self.text("server.address", address);
-        }
-        if let Some(agent) = agent {
-            self.text("user_agent.original", agent);
-        }
+        attributes.text("server.address", address);
+    }
+    if let Some(agent) = agent {
+        attributes.text("user_agent.original", agent);
     }
 }
 

@@ -1,57 +1,56 @@
-//! A span recorded without the SDK's tracer: its data is the SDK's own
-//! [`SpanData`], filled in place and handed to the span processor when it
-//! ends, as the SDK's span does.
+//! A span recorded without the SDK's tracer: what the exporter needs of it,
+//! filled in place and written out for the batch when it ends.
 //!
-//! The server span of a sampled request is one ([`super::server`]): the
-//! sampling decision was taken at the edge, so nothing here samples again,
-//! draws ids or looks at a parent. It lives in an OpenTelemetry
-//! [`Context`](opentelemetry::Context), which the request's database calls
-//! find as their parent and the last flush can end ([`super::open`]).
+//! The server span of a sampled request is one ([`super::server`]), and so
+//! is a database call's: the sampling decision was taken at the edge, so
+//! nothing here samples again, draws ids or looks at a parent. Its
+//! attributes are encoded as they come, so that it holds no `KeyValue`
+//! and is no SDK `SpanData`, which was moved whole at each step, and
+//! filled with a copy of the scope. It lives in an OpenTelemetry [`Context`](opentelemetry::Context),
+//! which the request's database calls find as their parent and the last
+//! flush can end ([`super::open`]).
 
 use std::borrow::Cow;
 use std::time::SystemTime;
 
-use opentelemetry::trace::{Event, Link, SpanContext, Status};
+use opentelemetry::trace::{Event, Link, SpanContext, SpanId, SpanKind, Status};
 use opentelemetry::KeyValue;
-use opentelemetry_sdk::trace::{SpanData, SpanLimits};
+use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
 
-use super::batch::Batcher;
+use super::server::Pipeline;
+use super::wire;
 
-/// A recording span: [`SpanData`] until it ends, then nothing.
+/// A span still open: everything but its context and its end.
+#[derive(Debug)]
+pub(super) struct Open {
+    pub(super) parent_span_id: SpanId,
+    pub(super) parent_span_is_remote: bool,
+    pub(super) kind: SpanKind,
+    pub(super) name: Cow<'static, str>,
+    pub(super) start_time: SystemTime,
+    /// The attributes, encoded ([`wire::attribute`]), and how many: those
+    /// past `OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT` are counted, not kept.
+    pub(super) attributes: wire::Attributes,
+    pub(super) status: Status,
+    pub(super) events: SpanEvents,
+    pub(super) links: SpanLinks,
+}
+
+/// A recording span: [`Open`] until it ends, then nothing.
 #[derive(Debug)]
 pub(super) struct Recorded {
     context: SpanContext,
-    data: Option<SpanData>,
-    /// Attributes already encoded, ahead of the data's own, and how many.
-    encoded: Vec<u8>,
-    encoded_count: usize,
-    limits: SpanLimits,
-    processor: Batcher,
+    open: Option<Open>,
+    pipeline: &'static Pipeline,
 }
 
 impl Recorded {
-    /// A span of `data` (its `span_context` is the span's), which ends into
-    /// `processor`.
-    pub(super) fn new(data: SpanData, limits: SpanLimits, processor: Batcher) -> Recorded {
-        Recorded::with_encoded(data, (Vec::new(), 0), limits, processor)
-    }
-
-    /// [`Recorded::new`], with `encoded`: attributes already encoded
-    /// (`super::wire::text_attribute`), and how many, counted within
-    /// the limit of a span's attributes.
-    pub(super) fn with_encoded(
-        data: SpanData,
-        encoded: (Vec<u8>, usize),
-        limits: SpanLimits,
-        processor: Batcher,
-    ) -> Recorded {
+    /// A span of `context`, which ends into `pipeline`'s processor.
+    pub(super) fn new(context: SpanContext, open: Open, pipeline: &'static Pipeline) -> Recorded {
         Recorded {
-            context: data.span_context.clone(),
-            data: Some(data),
-            encoded: encoded.0,
-            encoded_count: encoded.1,
-            limits,
-            processor,
+            context,
+            open: Some(open),
+            pipeline,
         }
     }
 }
@@ -65,19 +64,20 @@ impl opentelemetry::trace::Span for Recorded {
     ) where
         T: Into<Cow<'static, str>>,
     {
-        let Some(data) = &mut self.data else {
+        let Some(open) = &mut self.open else {
             return;
         };
-        if data.events.events.len() >= self.limits.max_events_per_span as usize {
-            data.events.dropped_count += 1;
+        let limits = &self.pipeline.limits;
+        if open.events.events.len() >= limits.max_events_per_span as usize {
+            open.events.dropped_count += 1;
             return;
         }
-        let limit = self.limits.max_attributes_per_event as usize;
+        let limit = limits.max_attributes_per_event as usize;
         let dropped = u32::try_from(attributes.len().saturating_sub(limit)).unwrap_or(u32::MAX);
         let mut attributes = attributes;
         attributes.truncate(limit);
         let event = Event::new(name, timestamp, attributes, dropped);
-        data.events.events.push(event);
+        open.events.events.push(event);
     }
 
     fn span_context(&self) -> &SpanContext {
@@ -85,27 +85,21 @@ impl opentelemetry::trace::Span for Recorded {
     }
 
     fn is_recording(&self) -> bool {
-        self.data.is_some()
+        self.open.is_some()
     }
 
     fn set_attribute(&mut self, attribute: KeyValue) {
-        let Some(data) = &mut self.data else {
-            return;
-        };
-        let count = self.encoded_count + data.attributes.len();
-        if count < self.limits.max_attributes_per_span as usize {
-            data.attributes.push(attribute);
-        } else {
-            data.dropped_attributes_count += 1;
+        if let Some(open) = &mut self.open {
+            open.attributes.push(&attribute);
         }
     }
 
     /// As the SDK's: the statuses form a total order, `Ok` > `Error` >
     /// `Unset`, and only a higher one replaces the one set.
     fn set_status(&mut self, status: Status) {
-        if let Some(data) = &mut self.data {
-            if status > data.status {
-                data.status = status;
+        if let Some(open) = &mut self.open {
+            if status > open.status {
+                open.status = status;
             }
         }
     }
@@ -114,29 +108,45 @@ impl opentelemetry::trace::Span for Recorded {
     where
         T: Into<Cow<'static, str>>,
     {
-        if let Some(data) = &mut self.data {
-            data.name = new_name.into();
+        if let Some(open) = &mut self.open {
+            open.name = new_name.into();
         }
     }
 
     fn add_link(&mut self, span_context: SpanContext, attributes: Vec<KeyValue>) {
-        let Some(data) = &mut self.data else {
+        let Some(open) = &mut self.open else {
             return;
         };
-        if data.links.links.len() >= self.limits.max_links_per_span as usize {
-            data.links.dropped_count += 1;
+        if open.links.links.len() >= self.pipeline.limits.max_links_per_span as usize {
+            open.links.dropped_count += 1;
             return;
         }
-        data.links
+        open.links
             .links
             .push(Link::new(span_context, attributes, 0));
     }
 
     fn end_with_timestamp(&mut self, timestamp: SystemTime) {
-        if let Some(mut data) = self.data.take() {
-            data.end_time = timestamp;
-            self.processor.end(data, &self.encoded);
-        }
+        let Some(open) = self.open.take() else {
+            return;
+        };
+        let fields = wire::Fields {
+            context: &self.context,
+            parent_span_id: open.parent_span_id,
+            parent_span_is_remote: open.parent_span_is_remote,
+            kind: &open.kind,
+            name: &open.name,
+            start_time: open.start_time,
+            end_time: timestamp,
+            encoded: open.attributes.bytes(),
+            attributes: &[],
+            dropped_attributes_count: open.attributes.dropped(),
+            events: &open.events,
+            links: &open.links,
+            status: &open.status,
+        };
+        let pipeline = self.pipeline;
+        pipeline.processor.end(&pipeline.scope, &fields);
     }
 }
 

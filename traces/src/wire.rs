@@ -11,9 +11,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use opentelemetry::trace::{SpanId, SpanKind, Status, TraceFlags};
+use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceState};
 use opentelemetry::{Array, InstrumentationScope, KeyValue, Value};
-use opentelemetry_sdk::trace::SpanData;
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 use opentelemetry_sdk::Resource;
 use prost::encoding::{encoded_len_varint, WireType};
 
@@ -96,7 +96,7 @@ impl Encoder {
         let mut encoded = Vec::new();
         for data in spans {
             encoded.clear();
-            span(&mut encoded, data, &[]);
+            span(&mut encoded, &Fields::of(data));
             body.push(&data.instrumentation_scope, &encoded);
         }
         self.close(body)
@@ -143,32 +143,146 @@ impl Body {
     }
 }
 
+/// A span, as [`span`] writes it: the SDK's data ([`Fields::of`]), or a
+/// span recorded here (`super::span`), whose attributes are encoded
+/// already.
+#[derive(Debug)]
+pub(super) struct Fields<'a> {
+    pub(super) context: &'a SpanContext,
+    pub(super) parent_span_id: SpanId,
+    pub(super) parent_span_is_remote: bool,
+    pub(super) kind: &'a SpanKind,
+    pub(super) name: &'a str,
+    pub(super) start_time: SystemTime,
+    pub(super) end_time: SystemTime,
+    /// Attributes already encoded ([`Attributes`]), written first.
+    pub(super) encoded: &'a [u8],
+    /// The others.
+    pub(super) attributes: &'a [KeyValue],
+    pub(super) dropped_attributes_count: u32,
+    pub(super) events: &'a SpanEvents,
+    pub(super) links: &'a SpanLinks,
+    pub(super) status: &'a Status,
+}
+
+impl<'a> Fields<'a> {
+    /// The SDK's span data, as [`span`] writes it.
+    pub(super) fn of(span: &'a SpanData) -> Fields<'a> {
+        Fields {
+            context: &span.span_context,
+            parent_span_id: span.parent_span_id,
+            parent_span_is_remote: span.parent_span_is_remote,
+            kind: &span.span_kind,
+            name: &span.name,
+            start_time: span.start_time,
+            end_time: span.end_time,
+            encoded: &[],
+            attributes: &span.attributes,
+            dropped_attributes_count: span.dropped_attributes_count,
+            events: &span.events,
+            links: &span.links,
+            status: &span.status,
+        }
+    }
+}
+
 /// `span` as a `ScopeSpans`' `spans` field: its key, its length and its
-/// message, ready to be appended to its scope's others. `attributes` are
-/// attributes already encoded ([`text_attribute`]), written before the
-/// span data's own.
-pub(super) fn span(buf: &mut Vec<u8>, span: &SpanData, attributes: &[u8]) {
+/// message, ready to be appended to its scope's others.
+pub(super) fn span(buf: &mut Vec<u8>, span: &Fields<'_>) {
     // A span's length takes two bytes up to 16 KiB.
-    message_sized(buf, 2, 2, |buf| span_fields(buf, span, attributes));
+    message_sized(buf, 2, 2, |buf| span_fields(buf, span));
+}
+
+/// A span's attributes, encoded as they are given, as [`span`] writes a
+/// `KeyValue`, within the limit of a span's attributes
+/// (`OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`, as the SDK applies it: the first
+/// ones kept, the others counted).
+#[derive(Debug)]
+pub(super) struct Attributes {
+    bytes: Vec<u8>,
+    count: u32,
+    dropped: u32,
+    limit: u32,
+}
+
+impl Attributes {
+    /// None yet, in `capacity` bytes; at most `limit` kept.
+    pub(super) fn new(limit: u32, capacity: usize) -> Attributes {
+        Attributes {
+            bytes: Vec::with_capacity(capacity),
+            count: 0,
+            dropped: 0,
+            limit,
+        }
+    }
+
+    /// `true` if one more is kept; counts it either way.
+    fn room(&mut self) -> bool {
+        if self.count < self.limit {
+            self.count += 1;
+            true
+        } else {
+            self.dropped = self.dropped.saturating_add(1);
+            false
+        }
+    }
+
+    /// The attribute `key` of text `value` ([`text_attribute`]).
+    pub(super) fn text(&mut self, key: &str, value: &str) {
+        if self.room() {
+            text_attribute(&mut self.bytes, key, value);
+        }
+    }
+
+    /// `attribute`.
+    pub(super) fn push(&mut self, attribute: &KeyValue) {
+        if self.room() {
+            attribute_field(&mut self.bytes, 9, attribute);
+        }
+    }
+
+    /// The attributes kept, encoded.
+    pub(super) fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// How many were past the limit.
+    pub(super) fn dropped(&self) -> u32 {
+        self.dropped
+    }
 }
 
 /// A span's attribute of text `value`, written as [`span`] writes a
 /// `KeyValue` of a string: for the attributes a server span takes from its
 /// request, encoded from the request's own bytes with no string copied
-/// out of it.
+/// out of it. Room is made once, for the longest the keys and lengths can
+/// take.
 pub(super) fn text_attribute(buf: &mut Vec<u8>, key: &str, value: &str) {
+    text_field(buf, 9, key, value);
+}
+
+/// A `KeyValue` message of text `value`, as field `tag`.
+fn text_field(buf: &mut Vec<u8>, tag: u32, key: &str, value: &str) {
     let value_len = field_len(value.len());
     let key_len = if key.is_empty() {
         0
     } else {
         field_len(key.len())
     };
-    encode_key(9, LEN, buf);
+    // Four keys of at most five bytes, four lengths of at most ten.
+    buf.reserve(60 + key.len() + value.len());
+    encode_key(tag, LEN, buf);
     encode_varint((key_len + field_len(value_len)) as u64, buf);
-    string(buf, 1, key);
+    if !key.is_empty() {
+        encode_key(1, LEN, buf);
+        encode_varint(key.len() as u64, buf);
+        buf.extend_from_slice(key.as_bytes());
+    }
     encode_key(2, LEN, buf);
     encode_varint(value_len as u64, buf);
-    bytes(buf, 1, value.as_bytes());
+    encode_key(1, LEN, buf);
+    encode_varint(value.len() as u64, buf);
+    buf.extend_from_slice(value.as_bytes());
 }
 
 /// `value` as a varint, the one byte of most values here first.
@@ -291,17 +405,19 @@ fn instrumentation_scope(buf: &mut Vec<u8>, scope: &InstrumentationScope) {
     }
 }
 
-fn span_fields(buf: &mut Vec<u8>, span: &SpanData, attributes: &[u8]) {
-    let context = &span.span_context;
+fn span_fields(buf: &mut Vec<u8>, span: &Fields<'_>) {
+    let context = span.context;
     bytes(buf, 1, &context.trace_id().to_bytes());
     bytes(buf, 2, &context.span_id().to_bytes());
-    let trace_state = context.trace_state().header();
-    string(buf, 3, &trace_state);
+    // Most spans have none: no string made for it then.
+    if *context.trace_state() != TraceState::NONE {
+        string(buf, 3, &context.trace_state().header());
+    }
     if span.parent_span_id != SpanId::INVALID {
         bytes(buf, 4, &span.parent_span_id.to_bytes());
     }
-    string(buf, 5, &span.name);
-    let kind = match span.span_kind {
+    string(buf, 5, span.name);
+    let kind = match span.kind {
         SpanKind::Internal => 1,
         SpanKind::Server => 2,
         SpanKind::Client => 3,
@@ -311,8 +427,8 @@ fn span_fields(buf: &mut Vec<u8>, span: &SpanData, attributes: &[u8]) {
     varint(buf, 6, kind);
     fixed64(buf, 7, nanos(span.start_time));
     fixed64(buf, 8, nanos(span.end_time));
-    buf.extend_from_slice(attributes);
-    for attribute in &span.attributes {
+    buf.extend_from_slice(span.encoded);
+    for attribute in span.attributes {
         attribute_field(buf, 9, attribute);
     }
     varint(buf, 10, u64::from(span.dropped_attributes_count));
@@ -347,7 +463,7 @@ fn span_fields(buf: &mut Vec<u8>, span: &SpanData, attributes: &[u8]) {
     }
     varint(buf, 14, u64::from(span.links.dropped_count));
     // The status is always written, as the SDK's exporter writes it.
-    message(buf, 15, |buf| match &span.status {
+    message(buf, 15, |buf| match span.status {
         Status::Unset => {}
         Status::Ok => varint(buf, 3, 1),
         Status::Error { description } => {
@@ -374,11 +490,14 @@ fn flags(flags: TraceFlags) -> u32 {
 /// An attribute, as the `KeyValue` message of field `tag`.
 fn attribute_field(buf: &mut Vec<u8>, tag: u32, attribute: &KeyValue) {
     let key = attribute.key.as_str();
+    if let Value::String(text) = &attribute.value {
+        text_field(buf, tag, key, text.as_str());
+        return;
+    }
     // A scalar's length is known before it is written (most attributes
     // are strings): its message is written straight, with no length to
     // fix up afterwards.
     let value_len = match &attribute.value {
-        Value::String(text) => Some(field_len(text.as_str().len())),
         Value::Bool(_) => Some(2),
         Value::I64(number) => {
             Some(1 + encoded_len_varint(u64::from_ne_bytes(number.to_ne_bytes())))
@@ -599,7 +718,11 @@ mod tests {
             text_attribute(&mut encoded, key, value);
         }
         let mut ours = Vec::new();
-        span(&mut ours, &with_keys, &encoded);
+        let fields = Fields {
+            encoded: &encoded,
+            ..Fields::of(&with_keys)
+        };
+        span(&mut ours, &fields);
         let mut attributes: Vec<KeyValue> = texts
             .iter()
             .map(|(key, value)| KeyValue::new(*key, (*value).to_owned()))
@@ -607,7 +730,7 @@ mod tests {
         attributes.append(&mut with_keys.attributes);
         with_keys.attributes = attributes;
         let mut theirs = Vec::new();
-        span(&mut theirs, &with_keys, &[]);
+        span(&mut theirs, &Fields::of(&with_keys));
         assert_eq!(ours, theirs);
     }
 }

@@ -31,27 +31,26 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
         };
         return;
     };
-    // Every span made, for the exporter: the filter is the logs' alone.
+    // Every span made, for the exporter: the subscriber's filter is the
+    // logs', widened to the spans exported (`traces::admitted`), and the
+    // exporter has its own.
     let logs = fmt::layer().with_target(true).with_ansi(ansi);
+    let registry =
+        tracing_subscriber::registry().with(traces::admitted(filter.and(traces::logged())));
     let _ = match format {
         LogFormat::Text => {
-            let text = logs.fmt_fields(traces::fields::TextFields);
-            let registry =
-                tracing_subscriber::registry().with(text.with_filter(filter.and(traces::logged())));
-            registry
-                .with(traces.layer().with_filter(traces::exported()))
-                .try_init()
+            let text = registry.with(logs.fmt_fields(traces::fields::TextFields));
+            let exporter = traces.layer().with_filter(traces::exported());
+            text.with(exporter).try_init()
         }
         LogFormat::Json => {
             let json = logs
                 .json()
                 .flatten_event(true)
                 .fmt_fields(traces::fields::JsonFields);
-            let registry =
-                tracing_subscriber::registry().with(json.with_filter(filter.and(traces::logged())));
-            registry
-                .with(traces.layer().with_filter(traces::exported()))
-                .try_init()
+            let json = registry.with(json);
+            let exporter = traces.layer().with_filter(traces::exported());
+            json.with(exporter).try_init()
         }
     };
 }

@@ -45,11 +45,14 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
         }
         // Request spans stay lazy: a request's trace is its edge's
         // (`traces::Edge`), not a `tracing` span.
+        // The logs' filter is the subscriber's, widened to the spans
+        // exported (`traces::admitted`): the exporter alone has a filter of
+        // its own.
         (Some(traces), LogFormat::Text) => {
-            let logs = text_layer()
-                .fmt_fields(traces::fields::TextFields)
-                .with_filter(filter.and(traces::logged()));
-            let registry = tracing_subscriber::registry().with(logs);
+            let logs = text_layer().fmt_fields(traces::fields::TextFields);
+            let registry = tracing_subscriber::registry()
+                .with(traces::admitted(filter.and(traces::logged())))
+                .with(logs);
             LazySpans::new(registry.with(traces.layer().with_filter(traces::exported()))).try_init()
         }
         (Some(traces), LogFormat::Json) => {
@@ -57,8 +60,9 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
                 .json()
                 .flatten_event(true)
                 .fmt_fields(traces::fields::JsonFields);
-            let registry =
-                tracing_subscriber::registry().with(json.with_filter(filter.and(traces::logged())));
+            let registry = tracing_subscriber::registry()
+                .with(traces::admitted(filter.and(traces::logged())))
+                .with(json);
             LazySpans::new(registry.with(traces.layer().with_filter(traces::exported()))).try_init()
         }
     };

@@ -4,6 +4,7 @@ mod batch;
 mod count;
 mod export;
 pub mod fields;
+mod filter;
 pub mod open;
 mod parent;
 pub mod server;
@@ -32,6 +33,7 @@ use tracing_subscriber::Layer;
 pub use count::spans_refused;
 use count::Counts;
 pub use export::ExporterError;
+pub use filter::{admitted, Admitted};
 use lameduck_lifecycle::{BoxError, LOG_TARGET};
 pub use parent::parent_context;
 pub use server::{carry, in_request_context, ChildSpan, Edge, ServerSpan};
@@ -517,8 +519,8 @@ mod tests {
         assert_eq!(url.as_deref(), Some("http://collector:4318/v1/traces"));
     }
 
-    // With traces on, the logs' filter and the exporter's each say the most
-    // they let through: without it the subscriber's hint is none, every
+    // With traces on, the subscriber's filter says the most the logs and the
+    // exports let through: without it the subscriber's hint is none, every
     // `debug!` and `trace!` of every crate (and `log`'s, through its
     // maximum level) is asked about at run time, and the SQL driver formats
     // each query for a line nobody writes.
@@ -531,13 +533,73 @@ mod tests {
             let logs = tracing_subscriber::fmt::layer().with_writer(std::io::sink);
             let exports = tracing_subscriber::fmt::layer().with_writer(std::io::sink);
             tracing_subscriber::registry()
-                .with(logs.with_filter(EnvFilter::new(rust_log).and(logged())))
+                .with(admitted(EnvFilter::new(rust_log).and(logged())))
+                .with(logs)
                 .with(exports.with_filter(exported()))
         };
         assert_eq!(subscriber("info").max_level_hint(), Some(LevelFilter::INFO));
         assert_eq!(subscriber("warn").max_level_hint(), Some(Traces::FILTER));
         let debug = subscriber("info,my_service=debug").max_level_hint();
         assert_eq!(debug, Some(LevelFilter::DEBUG));
+    }
+
+    // The lines are what `RUST_LOG` names, whatever the exporter takes; the
+    // exporter takes its spans whatever `RUST_LOG` names, and never a
+    // request's log span.
+    #[test]
+    fn the_lines_are_rust_logs_and_the_exports_the_exporters() {
+        use std::sync::{Arc, Mutex};
+
+        use tracing_subscriber::filter::{EnvFilter, FilterExt};
+        use tracing_subscriber::layer::SubscriberExt;
+
+        /// The names of the spans made, and the messages of the lines.
+        #[derive(Clone, Default)]
+        struct Seen(Arc<Mutex<Vec<String>>>);
+        impl<S: Subscriber> Layer<S> for Seen {
+            fn on_new_span(
+                &self,
+                attrs: &tracing::span::Attributes<'_>,
+                _: &tracing::span::Id,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                let name = attrs.metadata().name();
+                self.0.lock().expect("lock").push(format!("span {name}"));
+            }
+            fn on_event(
+                &self,
+                event: &tracing::Event<'_>,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                let level = event.metadata().level();
+                self.0.lock().expect("lock").push(format!("line {level}"));
+            }
+        }
+        let (lines, exports) = (Seen::default(), Seen::default());
+        let subscriber = tracing_subscriber::registry()
+            .with(admitted(EnvFilter::new("warn").and(logged())))
+            .with(lines.clone())
+            .with(exports.clone().with_filter(exported()));
+        tracing::subscriber::with_default(subscriber, || {
+            // As a request's span is made: its callsite registered, and
+            // the subscriber asked first (which the per-layer filters
+            // need).
+            assert!(!server::LOG_CALLSITE.interest().is_never());
+            assert!(tracing::dispatcher::get_default(
+                |d| d.enabled(&server::LOG_META)
+            ));
+            let request =
+                tracing::Span::new(&server::LOG_META, &server::LOG_META.fields().value_set(&[]));
+            let _request = request.enter();
+            tracing::info_span!("flush").in_scope(|| {
+                tracing::info!("not a line");
+                tracing::warn!("a line");
+            });
+            let _ = tracing::debug_span!("neither");
+        });
+        let seen = |seen: &Seen| seen.0.lock().expect("lock").clone();
+        assert_eq!(seen(&lines), ["span request", "span flush", "line WARN"]);
+        assert_eq!(seen(&exports), ["span flush", "line WARN"]);
     }
 
     #[test]

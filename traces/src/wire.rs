@@ -269,10 +269,22 @@ fn text_field(buf: &mut Vec<u8>, tag: u32, key: &str, value: &str) {
     } else {
         field_len(key.len())
     };
+    let len = key_len + field_len(value_len);
+    if len < 0x80 && tag < 0x10 && !key.is_empty() {
+        // Nearly every attribute: each key and length one byte, written
+        // four at a time (a store each, where a byte at a time would check
+        // the room eight times).
+        buf.reserve(2 + len);
+        buf.extend_from_slice(&[key_byte(tag), len as u8, KEY_1, key.len() as u8]);
+        buf.extend_from_slice(key.as_bytes());
+        buf.extend_from_slice(&[KEY_2, value_len as u8, KEY_1, value.len() as u8]);
+        buf.extend_from_slice(value.as_bytes());
+        return;
+    }
     // Four keys of at most five bytes, four lengths of at most ten.
     buf.reserve(60 + key.len() + value.len());
     encode_key(tag, LEN, buf);
-    encode_varint((key_len + field_len(value_len)) as u64, buf);
+    encode_varint(len as u64, buf);
     if !key.is_empty() {
         encode_key(1, LEN, buf);
         encode_varint(key.len() as u64, buf);
@@ -284,6 +296,16 @@ fn text_field(buf: &mut Vec<u8>, tag: u32, key: &str, value: &str) {
     encode_varint(value.len() as u64, buf);
     buf.extend_from_slice(value.as_bytes());
 }
+
+/// The one-byte key of a length-delimited field whose number is under 16.
+const fn key_byte(tag: u32) -> u8 {
+    (tag << 3 | LEN as u32) as u8
+}
+
+/// Fields 1 and 2 of a message, length-delimited: a `KeyValue`'s key and
+/// value, an `AnyValue`'s string.
+const KEY_1: u8 = key_byte(1);
+const KEY_2: u8 = key_byte(2);
 
 /// `value` as a varint, the one byte of most values here first.
 #[inline]

@@ -29,13 +29,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use opentelemetry::{Context, InstrumentationScope};
+use opentelemetry::Context;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
 use super::count::Counts;
-use super::wire::{self, Body, Encoder};
+use super::wire::{self, Body, Encoder, Scope};
 
 /// The batching the `OTEL_BSP_*` variables set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -226,7 +226,7 @@ impl Batcher {
 
     /// Ends `span`, of `scope`: encoded here, queued for the export
     /// thread.
-    pub(super) fn end(&self, scope: &InstrumentationScope, span: &wire::Fields<'_>) {
+    pub(super) fn end(&self, scope: Scope<'_>, span: &wire::Fields<'_>) {
         let shared = &*self.shared;
         shared.counts.ended();
         SCRATCH.with_borrow_mut(|scratch| {
@@ -271,7 +271,8 @@ impl SpanProcessor for Batcher {
     fn on_start(&self, _span: &mut Span, _cx: &Context) {}
 
     fn on_end(&self, span: SpanData) {
-        self.end(&span.instrumentation_scope, &wire::Fields::of(&span));
+        let scope = Scope::Other(&span.instrumentation_scope);
+        self.end(scope, &wire::Fields::of(&span));
         // `span` is freed here, on the thread that made its strings.
     }
 

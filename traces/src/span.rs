@@ -146,7 +146,8 @@ impl opentelemetry::trace::Span for Recorded {
             status: &open.status,
         };
         let pipeline = self.pipeline;
-        pipeline.processor.end(&pipeline.scope, &fields);
+        let scope = wire::Scope::Pipeline(&pipeline.scope);
+        pipeline.processor.end(scope, &fields);
     }
 }
 

@@ -47,7 +47,11 @@ impl Encoder {
     /// An export request to be written: its resource, and `scope` opened
     /// for the spans that follow ([`Body::push`]), in a buffer of
     /// `capacity` bytes.
-    pub(super) fn open(&self, scope: &InstrumentationScope, capacity: usize) -> Body {
+    pub(super) fn open(&self, scope: Scope<'_>, capacity: usize) -> Body {
+        let (pipelines, scope) = match scope {
+            Scope::Pipeline(scope) => (true, scope),
+            Scope::Other(scope) => (false, scope),
+        };
         let mut bytes = Vec::with_capacity(capacity);
         // `ExportTraceServiceRequest.resource_spans`: lengths reserved at
         // the size a batch's take, three bytes, up to 2 MiB.
@@ -59,6 +63,7 @@ impl Encoder {
             bytes,
             resource_spans,
             first: (scope.clone(), scope_spans),
+            first_is_pipelines: pipelines,
             others: Vec::new(),
         }
     }
@@ -71,6 +76,7 @@ impl Encoder {
             resource_spans,
             first: (scope, scope_spans),
             others,
+            ..
         } = body;
         string(&mut bytes, 3, scope.schema_url().unwrap_or(""));
         close(&mut bytes, scope_spans, 3);
@@ -92,15 +98,25 @@ impl Encoder {
     /// each scope first appears.
     #[cfg(test)]
     pub(super) fn request(&self, spans: &[SpanData]) -> Vec<u8> {
-        let mut body = self.open(&spans[0].instrumentation_scope, 0);
+        let mut body = self.open(Scope::Other(&spans[0].instrumentation_scope), 0);
         let mut encoded = Vec::new();
         for data in spans {
             encoded.clear();
             span(&mut encoded, &Fields::of(data));
-            body.push(&data.instrumentation_scope, &encoded);
+            body.push(Scope::Other(&data.instrumentation_scope), &encoded);
         }
         self.close(body)
     }
+}
+
+/// The scope a span is reported under.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Scope<'a> {
+    /// The pipeline's own (`super::server`'s): that of every span made
+    /// without the SDK. There is one pipeline.
+    Pipeline(&'a InstrumentationScope),
+    /// Another, or the same reached another way (the SDK's spans).
+    Other(&'a InstrumentationScope),
 }
 
 /// An export request being written ([`Encoder::open`]). The spans of the
@@ -114,6 +130,8 @@ pub(super) struct Body {
     /// `ScopeSpans` go.
     resource_spans: usize,
     first: (InstrumentationScope, usize),
+    /// The first scope is the pipeline's.
+    first_is_pipelines: bool,
     /// The `spans` fields of each other scope's `ScopeSpans`, in the order
     /// the scopes first appeared.
     others: Vec<(InstrumentationScope, Vec<u8>)>,
@@ -121,7 +139,16 @@ pub(super) struct Body {
 
 impl Body {
     /// Appends a span of `scope`, `encoded` by [`span`].
-    pub(super) fn push(&mut self, scope: &InstrumentationScope, encoded: &[u8]) {
+    pub(super) fn push(&mut self, scope: Scope<'_>, encoded: &[u8]) {
+        let scope = match scope {
+            // Known without comparing (which collects each side's
+            // attributes into a vector first).
+            Scope::Pipeline(_) if self.first_is_pipelines => {
+                self.bytes.extend_from_slice(encoded);
+                return;
+            }
+            Scope::Pipeline(scope) | Scope::Other(scope) => scope,
+        };
         if *scope == self.first.0 {
             self.bytes.extend_from_slice(encoded);
             return;
@@ -723,6 +750,32 @@ mod tests {
         let scopes = &ours.resource_spans[0].scope_spans;
         assert_eq!(scopes.len(), 2, "{ours:#?}");
         assert_eq!(scopes[0].spans.len(), 2, "{ours:#?}");
+    }
+
+    // The pipeline's spans are grouped by their scope's value, as any
+    // other: with the spans of an equal scope, whichever scope came first.
+    #[test]
+    fn the_pipelines_spans_are_grouped_as_any_others() {
+        fn scope<'a>(data: &'a SpanData, pipelines: &'a InstrumentationScope) -> Scope<'a> {
+            if data.instrumentation_scope == *pipelines {
+                Scope::Pipeline(pipelines)
+            } else {
+                Scope::Other(&data.instrumentation_scope)
+            }
+        }
+
+        let encoder = Encoder::default();
+        let pipelines = InstrumentationScope::builder("lameduck").build();
+        for order in [[0, 1, 2], [1, 0, 2]] {
+            let spans: Vec<SpanData> = order.iter().map(|&n| spans().swap_remove(n)).collect();
+            let mut body = encoder.open(scope(&spans[0], &pipelines), 0);
+            for data in &spans {
+                let mut encoded = Vec::new();
+                span(&mut encoded, &Fields::of(data));
+                body.push(scope(data, &pipelines), &encoded);
+            }
+            assert_eq!(encoder.close(body), encoder.request(&spans), "{order:?}");
+        }
     }
 
     // The attributes a server span encodes from its request are the

@@ -358,7 +358,11 @@ impl TonicEncoder for Raw {
     type Error = tonic::Status;
 
     fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put(item);
+        // Room for all of it first: `put` would grow the buffer 64 bytes at
+        // a time past its first 8 KiB, moving what it holds each time it
+        // must reallocate.
+        dst.reserve(item.len());
+        dst.put_slice(&item);
         Ok(())
     }
 }

@@ -9,8 +9,9 @@
 //! gets its server span, as the HTTP semantic conventions describe it —
 //! named `METHOD route`, kind server, a child of the caller's span —
 //! recorded in place, its attributes encoded as they are read
-//! (`super::span`), and handed to the batch processor when it ends: no `tracing` span, no per-poll
-//! bookkeeping, no log field copied into an attribute.
+//! (`super::span`), and handed to the batch processor when it ends: no
+//! `tracing` span, no per-poll bookkeeping, no log field copied into an
+//! attribute.
 //!
 //! While a request is polled inside [`Edge::enter`], the spans made for it
 //! know its decision: a [`ChildSpan`] (a database call) is made only if

@@ -4,11 +4,11 @@
 //! The server span of a sampled request is one ([`super::server`]), and so
 //! is a database call's: the sampling decision was taken at the edge, so
 //! nothing here samples again, draws ids or looks at a parent. Its
-//! attributes are encoded as they come, so that it holds no `KeyValue`
-//! and is no SDK `SpanData`, which was moved whole at each step, and
-//! filled with a copy of the scope. It lives in an OpenTelemetry [`Context`](opentelemetry::Context),
-//! which the request's database calls find as their parent and the last
-//! flush can end ([`super::open`]).
+//! attributes are encoded as they come: it holds no `KeyValue`, and is no
+//! SDK `SpanData`, which was moved whole at each step and carried a copy
+//! of the scope. It lives in an OpenTelemetry
+//! [`Context`](opentelemetry::Context), which the request's database calls
+//! find as their parent and the last flush can end ([`super::open`]).
 
 use std::borrow::Cow;
 use std::time::SystemTime;
@@ -28,7 +28,7 @@ pub(super) struct Open {
     pub(super) kind: SpanKind,
     pub(super) name: Cow<'static, str>,
     pub(super) start_time: SystemTime,
-    /// The attributes, encoded ([`wire::attribute`]), and how many: those
+    /// The attributes, encoded as they are set, and how many: those
     /// past `OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT` are counted, not kept.
     pub(super) attributes: wire::Attributes,
     pub(super) status: Status,

@@ -41,7 +41,7 @@ pub fn admitted<F>(logs: F) -> Admitted<F> {
 
 /// A span the exporter takes: [`Traces::FILTER`] and above, not a
 /// request's log span.
-fn exported(metadata: &Metadata<'_>) -> bool {
+fn exported_span(metadata: &Metadata<'_>) -> bool {
     metadata.is_span() && Traces::FILTER >= *metadata.level() && !server::is_log_span(metadata)
 }
 
@@ -54,7 +54,7 @@ where
         // Asked whatever the answer: the logs' filter keeps its state of
         // callsites.
         let logs = self.logs.callsite_enabled(metadata);
-        if exported(metadata) {
+        if exported_span(metadata) {
             Interest::always()
         } else {
             logs
@@ -62,7 +62,7 @@ where
     }
 
     fn enabled(&self, metadata: &Metadata<'_>, cx: Context<'_, S>) -> bool {
-        exported(metadata) || self.logs.enabled(metadata, &cx)
+        exported_span(metadata) || self.logs.enabled(metadata, &cx)
     }
 
     fn event_enabled(&self, event: &Event<'_>, cx: Context<'_, S>) -> bool {

@@ -41,8 +41,7 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{Context, InstrumentationScope, KeyValue};
 use opentelemetry_sdk::trace::{
-    IdGenerator, RandomIdGenerator, SamplingDecision, ShouldSample, SpanEvents, SpanLimits,
-    SpanLinks,
+    IdGenerator, RandomIdGenerator, SamplingDecision, ShouldSample, SpanLimits,
 };
 use tracing::{Level, Metadata, Value};
 use tracing_core::callsite::DefaultCallsite;
@@ -326,21 +325,17 @@ impl Pipeline {
         for attribute in &sampling.attributes {
             attributes.push(attribute);
         }
-        let open = Open {
-            parent_span_id: if from_caller {
-                caller.span_id()
-            } else {
-                SpanId::INVALID
-            },
-            parent_span_is_remote: from_caller && caller.is_remote(),
-            kind: SpanKind::Server,
-            name: name(method, route).into(),
-            start_time: opentelemetry::time::now(),
-            attributes,
-            status: Status::Unset,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
+        let parent_span_id = if from_caller {
+            caller.span_id()
+        } else {
+            SpanId::INVALID
         };
+        let open = Open::now(
+            (parent_span_id, from_caller && caller.is_remote()),
+            SpanKind::Server,
+            name(method, route).into(),
+            attributes,
+        );
         let span = Recorded::new(context, open, self);
         let context = parent.with_span(span);
         let sampled = Sampled {
@@ -419,17 +414,7 @@ impl ChildSpan {
             false,
             trace_state,
         );
-        let open = Open {
-            parent_span_id,
-            parent_span_is_remote: false,
-            kind,
-            name: name.into(),
-            start_time: opentelemetry::time::now(),
-            attributes: encoded,
-            status: Status::Unset,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
-        };
+        let open = Open::now((parent_span_id, false), kind, name.into(), encoded);
         ChildSpan(Some(Box::new(Recorded::new(context, open, pipeline))))
     }
 

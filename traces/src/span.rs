@@ -23,17 +23,41 @@ use super::wire;
 /// A span still open: everything but its context and its end.
 #[derive(Debug)]
 pub(super) struct Open {
-    pub(super) parent_span_id: SpanId,
-    pub(super) parent_span_is_remote: bool,
-    pub(super) kind: SpanKind,
-    pub(super) name: Cow<'static, str>,
-    pub(super) start_time: SystemTime,
+    parent_span_id: SpanId,
+    parent_span_is_remote: bool,
+    kind: SpanKind,
+    name: Cow<'static, str>,
+    start_time: SystemTime,
     /// The attributes, encoded as they are set, and how many: those
     /// past `OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT` are counted, not kept.
-    pub(super) attributes: wire::Attributes,
-    pub(super) status: Status,
-    pub(super) events: SpanEvents,
-    pub(super) links: SpanLinks,
+    attributes: wire::Attributes,
+    status: Status,
+    events: SpanEvents,
+    links: SpanLinks,
+}
+
+impl Open {
+    /// A span starting now, a child of `parent` (its id, and whether it is
+    /// remote; `SpanId::INVALID` for a root), with no status, event or
+    /// link yet.
+    pub(super) fn now(
+        parent: (SpanId, bool),
+        kind: SpanKind,
+        name: Cow<'static, str>,
+        attributes: wire::Attributes,
+    ) -> Open {
+        Open {
+            parent_span_id: parent.0,
+            parent_span_is_remote: parent.1,
+            kind,
+            name,
+            start_time: opentelemetry::time::now(),
+            attributes,
+            status: Status::Unset,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+        }
+    }
 }
 
 /// A recording span: [`Open`] until it ends, then nothing.

@@ -1,7 +1,8 @@
 //! Logging: `tracing` to stdout, as text or JSON, filtered by `RUST_LOG`
-//! (default `info`). With traces on (`lameduck-traces`) the same lines, less
-//! the spans' `otel.*` fields, and every span the trace filter lets through
-//! exported over OTLP.
+//! (default `info`), their fields written as the stock formatter writes
+//! them (`lameduck_traces::fields`), traces on or off. With traces on
+//! (`lameduck-traces`) the same lines, less the spans' `otel.*` fields, and
+//! every span the trace filter lets through exported over OTLP.
 
 use std::io::IsTerminal;
 
@@ -10,6 +11,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
 
+use lameduck_traces::fields::TextFields;
 use lameduck_traces::{self as traces, Traces};
 
 use crate::cli::LogFormat;
@@ -26,7 +28,7 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
             .with_ansi(ansi);
         // `try_init` fails only if a subscriber is already set (tests): keep it.
         let _ = match format {
-            LogFormat::Text => builder.try_init(),
+            LogFormat::Text => builder.fmt_fields(TextFields).try_init(),
             LogFormat::Json => builder.json().flatten_event(true).try_init(),
         };
         return;
@@ -39,7 +41,7 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
         tracing_subscriber::registry().with(traces::admitted(filter.and(traces::logged())));
     let _ = match format {
         LogFormat::Text => {
-            let text = registry.with(logs.fmt_fields(traces::fields::TextFields));
+            let text = registry.with(logs.fmt_fields(TextFields));
             let exporter = traces.layer().with_filter(traces::exported());
             text.with(exporter).try_init()
         }

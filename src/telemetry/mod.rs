@@ -17,14 +17,19 @@ use tracing_subscriber::{fmt, EnvFilter, Layer};
 pub use request_span::{LazySpans, RequestSpan};
 pub use traces::Traces;
 
+use traces::fields::TextFields;
+
 /// Log line format (`--log-format`), from the service crate.
 pub use lameduck_service::LogFormat;
 
-/// The log lines' layer, for a subscriber of any shape.
-fn text_layer<S>() -> fmt::Layer<S> {
+/// The log lines' layer, for a subscriber of any shape: the stock text
+/// format, its fields written by [`traces::fields::TextFields`], traces on
+/// or off.
+fn text_layer<S>() -> fmt::Layer<S, TextFields> {
     fmt::layer()
         .with_target(true)
         .with_ansi(std::io::stdout().is_terminal())
+        .fmt_fields(TextFields)
 }
 
 /// Installs the global subscriber: logs, and `traces` if they are on.
@@ -49,10 +54,9 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
         // exported (`traces::admitted`): the exporter alone has a filter of
         // its own.
         (Some(traces), LogFormat::Text) => {
-            let logs = text_layer().fmt_fields(traces::fields::TextFields);
             let registry = tracing_subscriber::registry()
                 .with(traces::admitted(filter.and(traces::logged())))
-                .with(logs);
+                .with(text_layer());
             LazySpans::new(registry.with(traces.layer().with_filter(traces::exported()))).try_init()
         }
         (Some(traces), LogFormat::Json) => {

@@ -1,14 +1,15 @@
-//! How the log lines write a span's fields when traces are on: as
-//! `tracing-subscriber` does, less the `otel.*` ones, which name the
-//! OpenTelemetry span (`otel.name`, `otel.kind`) and mean nothing in a log
-//! line. With traces off no span has them, and the stock formatters run.
+//! How the log lines write the fields of events and spans: byte for byte
+//! as `tracing-subscriber`'s default formatter writes them, less a span's
+//! `otel.*` fields, which name the OpenTelemetry span (`otel.name`,
+//! `otel.kind`) and mean nothing in a log line. The same formatter serves
+//! traces on and off, so that what a line costs does not depend on them.
 
 use std::fmt;
 
 use tracing::field::{Field, Visit};
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::field::{MakeVisitor, VisitFmt, VisitOutput};
-use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::format::{DefaultVisitor, Writer};
 use tracing_subscriber::fmt::{FormatFields, FormattedFields};
 
 /// Left out of the log lines.
@@ -16,8 +17,14 @@ fn hidden(field: &Field) -> bool {
     field.name().starts_with("otel.")
 }
 
-/// Text: `name=value` separated by spaces, the message bare; strings quoted
-/// as `Debug` quotes them.
+/// Text, as `tracing-subscriber`'s `DefaultFields`: `name=value` separated
+/// by spaces, strings quoted as `Debug` quotes them, the message bare with
+/// its control characters escaped, an error followed by its sources.
+///
+/// A plain field (not the message, an error, a raw `r#` name or the `log`
+/// crate's metadata) on a line without colours is written here piece by
+/// piece: the formatter's machinery only for the value. Every other field
+/// is written by the default visitor itself.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TextFields;
 
@@ -41,32 +48,76 @@ pub struct TextVisitor<'w> {
     result: fmt::Result,
 }
 
-impl Visit for TextVisitor<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" {
-            self.record_debug(field, &format_args!("{value}"));
+impl TextVisitor<'_> {
+    /// Whether `field` is written at all, and if so by whom.
+    fn route(&self, field: &Field) -> Route {
+        let name = field.name();
+        // The default formatter leaves out the `log` crate's metadata,
+        // already in the line's head.
+        if self.result.is_err() || hidden(field) || name.starts_with("log.") {
+            Route::Skip
+        } else if self.writer.has_ansi_escapes() || name == "message" || name.starts_with("r#") {
+            Route::Default
         } else {
-            self.record_debug(field, &value);
+            Route::Plain
         }
     }
 
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if self.result.is_err() || hidden(field) {
-            return;
-        }
-        // Piece by piece: the formatter's machinery only for the value.
+    /// `name=value`, after a space unless it is the first field.
+    fn plain(&mut self, field: &Field, value: &dyn fmt::Debug) {
         let writer = &mut self.writer;
         let first = std::mem::replace(&mut self.first, false);
         self.result = (|| {
             if !first {
                 writer.write_char(' ')?;
             }
-            if field.name() != "message" {
-                writer.write_str(field.name())?;
-                writer.write_char('=')?;
-            }
+            writer.write_str(field.name())?;
+            writer.write_char('=')?;
             write!(writer, "{value:?}")
         })();
+    }
+
+    /// The field, written by the default formatter's own visitor.
+    fn default(&mut self, record: impl FnOnce(&mut DefaultVisitor<'_>)) {
+        let first = std::mem::replace(&mut self.first, false);
+        let mut visitor = DefaultVisitor::new(self.writer.by_ref(), first);
+        record(&mut visitor);
+        self.result = visitor.finish();
+    }
+}
+
+/// Who writes a field.
+enum Route {
+    Skip,
+    Plain,
+    Default,
+}
+
+impl Visit for TextVisitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        match self.route(field) {
+            Route::Skip => {}
+            Route::Plain => self.plain(field, &value),
+            Route::Default => self.default(|visitor| visitor.record_str(field, value)),
+        }
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        match self.route(field) {
+            Route::Skip => {}
+            // With its sources, as the default formatter writes an error.
+            Route::Plain | Route::Default => {
+                self.default(|visitor| visitor.record_error(field, value));
+            }
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        match self.route(field) {
+            Route::Skip => {}
+            Route::Plain => self.plain(field, value),
+            Route::Default => self.default(|visitor| visitor.record_debug(field, value)),
+        }
     }
 }
 
@@ -216,6 +267,85 @@ mod tests {
             "{line}"
         );
         assert!(line.trim_end().ends_with("answered hits=3"), "{line}");
+    }
+
+    /// An error with a source, as the default formatter lists them.
+    #[derive(Debug)]
+    struct Failed(std::num::ParseIntError);
+
+    impl fmt::Display for Failed {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("the count is not a number")
+        }
+    }
+
+    impl std::error::Error for Failed {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    /// A line of every kind of field the default formatter writes apart,
+    /// in a span whose fields are recorded at its start and later.
+    fn log_every_kind() {
+        let failed = Failed("x".parse::<u32>().expect_err("not a number"));
+        let span = tracing::info_span!(
+            "request",
+            method = "GET",
+            r#type = "link",
+            id = 7_u64,
+            delta = -2_i64,
+            ratio = 0.5,
+            ok = true,
+            status = tracing::field::Empty
+        );
+        span.record("status", 200);
+        span.in_scope(|| {
+            tracing::info!(
+                path = "/a\x1b[31m\"b",
+                who = ?Some("me"),
+                log.target = "from the log crate",
+                "answered \x1b[31mred\u{9b}"
+            );
+            tracing::warn!(error = &failed as &dyn std::error::Error, "failed");
+            tracing::info!(empty = "");
+        });
+    }
+
+    /// What `log_every_kind` writes with `fields`, colours on or off.
+    fn written<F>(fields: F, ansi: bool) -> String
+    where
+        F: for<'w> FormatFields<'w> + Send + Sync + 'static,
+    {
+        let written = Written::default();
+        let layer = tracing_subscriber::fmt::layer()
+            .with_writer(written.clone())
+            .with_ansi(ansi)
+            .without_time()
+            .fmt_fields(fields);
+        tracing::subscriber::with_default(
+            tracing_subscriber::registry().with(layer),
+            log_every_kind,
+        );
+        written.text()
+    }
+
+    // Byte for byte what the stock formatter writes, with and without
+    // colours: the message's control characters escaped, an error with
+    // its sources, a raw name bare, the `log` crate's metadata left out.
+    #[test]
+    fn text_lines_are_the_default_formatters() {
+        use tracing_subscriber::fmt::format::DefaultFields;
+        for ansi in [false, true] {
+            let ours = written(TextFields, ansi);
+            assert_eq!(ours, written(DefaultFields::new(), ansi), "ansi: {ansi}");
+            assert_eq!(ours.lines().count(), 3, "{ours}");
+        }
+        let plain = written(TextFields, false);
+        assert!(plain.contains("answered \\x1b[31mred"), "{plain}");
+        assert!(plain.contains("error.sources=["), "{plain}");
+        assert!(plain.contains(" type=\"link\""), "{plain}");
+        assert!(!plain.contains("from the log crate"), "{plain}");
     }
 
     #[test]

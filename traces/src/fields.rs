@@ -251,17 +251,7 @@ mod tests {
 
     #[test]
     fn text_lines_leave_the_otel_fields_out() {
-        let written = Written::default();
-        let layer = tracing_subscriber::fmt::layer()
-            .with_writer(written.clone())
-            .with_ansi(false)
-            .without_time()
-            .fmt_fields(TextFields);
-        tracing::subscriber::with_default(
-            tracing_subscriber::registry().with(layer),
-            log_in_a_span,
-        );
-        let line = written.text();
+        let line = written(TextFields, false, log_in_a_span);
         assert!(
             line.contains(r#"request{method="GET" status=200}: "#),
             "{line}"
@@ -312,8 +302,8 @@ mod tests {
         });
     }
 
-    /// What `log_every_kind` writes with `fields`, colours on or off.
-    fn written<F>(fields: F, ansi: bool) -> String
+    /// What `log` writes with `fields`, colours on or off.
+    fn written<F>(fields: F, ansi: bool, log: fn()) -> String
     where
         F: for<'w> FormatFields<'w> + Send + Sync + 'static,
     {
@@ -323,10 +313,7 @@ mod tests {
             .with_ansi(ansi)
             .without_time()
             .fmt_fields(fields);
-        tracing::subscriber::with_default(
-            tracing_subscriber::registry().with(layer),
-            log_every_kind,
-        );
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), log);
         written.text()
     }
 
@@ -337,11 +324,12 @@ mod tests {
     fn text_lines_are_the_default_formatters() {
         use tracing_subscriber::fmt::format::DefaultFields;
         for ansi in [false, true] {
-            let ours = written(TextFields, ansi);
-            assert_eq!(ours, written(DefaultFields::new(), ansi), "ansi: {ansi}");
+            let ours = written(TextFields, ansi, log_every_kind);
+            let stock = written(DefaultFields::new(), ansi, log_every_kind);
+            assert_eq!(ours, stock, "ansi: {ansi}");
             assert_eq!(ours.lines().count(), 3, "{ours}");
         }
-        let plain = written(TextFields, false);
+        let plain = written(TextFields, false, log_every_kind);
         assert!(plain.contains("answered \\x1b[31mred"), "{plain}");
         assert!(plain.contains("error.sources=["), "{plain}");
         assert!(plain.contains(" type=\"link\""), "{plain}");

@@ -9,7 +9,7 @@ use std::io::IsTerminal;
 use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{fmt, EnvFilter, Layer};
+use tracing_subscriber::{fmt, EnvFilter};
 
 use lameduck_traces::fields::TextFields;
 use lameduck_traces::{self as traces, Traces};
@@ -34,15 +34,15 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
         return;
     };
     // Every span made, for the exporter: the subscriber's filter is the
-    // logs', widened to the spans exported (`traces::admitted`), and the
-    // exporter has its own.
+    // logs', widened to the spans exported (`traces::admitted`); the
+    // exporter's layer takes those alone (`traces::Exports`).
     let logs = fmt::layer().with_target(true).with_ansi(ansi);
     let registry =
         tracing_subscriber::registry().with(traces::admitted(filter.and(traces::logged())));
     let _ = match format {
         LogFormat::Text => {
             let text = registry.with(logs.fmt_fields(TextFields));
-            let exporter = traces.layer().with_filter(traces::exported());
+            let exporter = traces.layer();
             text.with(exporter).try_init()
         }
         LogFormat::Json => {
@@ -51,7 +51,7 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
                 .flatten_event(true)
                 .fmt_fields(traces::fields::JsonFields);
             let json = registry.with(json);
-            let exporter = traces.layer().with_filter(traces::exported());
+            let exporter = traces.layer();
             json.with(exporter).try_init()
         }
     };

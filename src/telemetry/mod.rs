@@ -12,7 +12,7 @@ use std::io::IsTerminal;
 use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{fmt, EnvFilter, Layer};
+use tracing_subscriber::{fmt, EnvFilter};
 
 pub use request_span::{LazySpans, RequestSpan};
 pub use traces::Traces;
@@ -51,13 +51,13 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
         // Request spans stay lazy: a request's trace is its edge's
         // (`traces::Edge`), not a `tracing` span.
         // The logs' filter is the subscriber's, widened to the spans
-        // exported (`traces::admitted`): the exporter alone has a filter of
-        // its own.
+        // exported (`traces::admitted`); the exporter's layer takes those
+        // alone (`traces::Exports`).
         (Some(traces), LogFormat::Text) => {
             let registry = tracing_subscriber::registry()
                 .with(traces::admitted(filter.and(traces::logged())))
                 .with(text_layer());
-            LazySpans::new(registry.with(traces.layer().with_filter(traces::exported()))).try_init()
+            LazySpans::new(registry.with(traces.layer())).try_init()
         }
         (Some(traces), LogFormat::Json) => {
             let json = text_layer()
@@ -67,7 +67,7 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
             let registry = tracing_subscriber::registry()
                 .with(traces::admitted(filter.and(traces::logged())))
                 .with(json);
-            LazySpans::new(registry.with(traces.layer().with_filter(traces::exported()))).try_init()
+            LazySpans::new(registry.with(traces.layer())).try_init()
         }
     };
 }

@@ -33,7 +33,7 @@ use tracing_subscriber::Layer;
 pub use count::spans_refused;
 use count::Counts;
 pub use export::ExporterError;
-pub use filter::{admitted, Admitted};
+pub use filter::{admitted, Admitted, Exports};
 use lameduck_lifecycle::{BoxError, LOG_TARGET};
 pub use parent::parent_context;
 pub use server::{carry, in_request_context, ChildSpan, Edge, ServerSpan};
@@ -46,16 +46,6 @@ use tls::ExtraRoots;
 /// (`tls::VerifierErrors`).
 pub fn logged<S>() -> impl tracing_subscriber::layer::Filter<S> {
     tls::VerifierErrors
-}
-
-/// What the trace layer takes: [`Traces::FILTER`], less the log spans of
-/// requests ([`ServerSpan`]'s), whose traces are their server spans.
-pub fn exported<S>() -> impl tracing_subscriber::layer::Filter<S> {
-    use tracing_subscriber::filter::{filter_fn, FilterExt};
-    // Any level, as far as the closure goes: `and` keeps a hint only if
-    // both sides give one, and the level is `FILTER`'s.
-    let not_a_log_span = filter_fn(|metadata| !server::is_log_span(metadata));
-    Traces::FILTER.and(not_a_log_span.with_max_level_hint(LevelFilter::TRACE))
 }
 
 /// How long the last finalizer may take to export the spans still in the
@@ -327,21 +317,26 @@ impl Traces {
         tracing::info!(url = %self.url, protocol, "exporting traces");
     }
 
-    /// The layer that turns `tracing` spans into OpenTelemetry spans. Give
-    /// it a filter of its own, [`Traces::FILTER`] at least: what it lets
-    /// through is exported, whatever `RUST_LOG` lets the logs show.
-    pub fn layer<S>(&self) -> impl Layer<S> + Send + Sync + 'static
+    /// The layer that turns `tracing` spans into OpenTelemetry spans: the
+    /// spans of [`Traces::FILTER`] and above, but a request's log span
+    /// ([`Exports`]). It needs no filter of its own, and takes only what
+    /// the subscriber makes: under a filter of `RUST_LOG`'s, put
+    /// [`admitted`] in the filter's place, so that a span is exported
+    /// whatever the logs show.
+    pub fn layer<S>(&self) -> Exports<impl Layer<S> + Send + Sync + 'static>
     where
         S: Subscriber + for<'span> LookupSpan<'span> + Send + Sync,
     {
         // No attributes for the code location, the target or the thread:
         // the same for every request, they would only add to each span.
-        tracing_opentelemetry::layer()
-            .with_tracer(self.provider.tracer(self.package.crate_name))
-            .with_tracked_inactivity(false)
-            .with_location(false)
-            .with_target(false)
-            .with_threads(false)
+        Exports::new(
+            tracing_opentelemetry::layer()
+                .with_tracer(self.provider.tracer(self.package.crate_name))
+                .with_tracked_inactivity(false)
+                .with_location(false)
+                .with_target(false)
+                .with_threads(false),
+        )
     }
 
     /// The spans and lines exported: `INFO` and above.
@@ -535,7 +530,7 @@ mod tests {
             tracing_subscriber::registry()
                 .with(admitted(EnvFilter::new(rust_log).and(logged())))
                 .with(logs)
-                .with(exports.with_filter(exported()))
+                .with(Exports::new(exports))
         };
         assert_eq!(subscriber("info").max_level_hint(), Some(LevelFilter::INFO));
         assert_eq!(subscriber("warn").max_level_hint(), Some(Traces::FILTER));
@@ -579,11 +574,10 @@ mod tests {
         let subscriber = tracing_subscriber::registry()
             .with(admitted(EnvFilter::new("warn").and(logged())))
             .with(lines.clone())
-            .with(exports.clone().with_filter(exported()));
+            .with(Exports::new(exports.clone()));
         tracing::subscriber::with_default(subscriber, || {
             // As a request's span is made: its callsite registered, and
-            // the subscriber asked first (which the per-layer filters
-            // need).
+            // the subscriber asked first.
             assert!(!server::LOG_CALLSITE.interest().is_never());
             assert!(tracing::dispatcher::get_default(
                 |d| d.enabled(&server::LOG_META)

@@ -704,11 +704,15 @@ impl Storage {
             otel.kind = "client",
             db.system.name = self.backend.system_name(),
             db.query.summary = "UPDATE links",
+            error.type = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
         );
+        let unanswered = Unanswered(Some(&span));
         let applied = self
             .apply_hits_inner(batch_id, hits)
             .instrument(span.clone());
         let result = applied.await;
+        unanswered.answered();
         if let Err(error) = &result {
             crate::telemetry::traces::fail(&span, error.kind(), error);
         }
@@ -941,6 +945,31 @@ pub fn redact(url: &str) -> String {
         }
         Ok(parsed) => parsed.to_string(),
         Err(_) => "<unparseable URL>".to_owned(),
+    }
+}
+
+/// A database call's span until the call is answered: dropped before, the
+/// call was given up on (the final flush's budget spent while the database
+/// does not answer), and the span says so rather than end as if it had
+/// succeeded.
+struct Unanswered<'a>(Option<&'a tracing::Span>);
+
+impl Unanswered<'_> {
+    /// The call was answered: its span says how.
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(span) = self.0 {
+            crate::telemetry::traces::fail(
+                span,
+                "cancelled",
+                &"given up on before the database answered",
+            );
+        }
     }
 }
 

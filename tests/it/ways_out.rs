@@ -37,7 +37,7 @@ use lameduck_testkit::binary::{
     create_link, finish_slow_post, metric, metrics, request, start_slow_post, wait_metric,
     LameduckProcess,
 };
-use lameduck_testkit::otlp::{self, Behaviour, Protocol, Receiver};
+use lameduck_testkit::otlp::{self, Behaviour, Protocol, ReceivedSpan, Receiver, StatusCode};
 use lameduck_testkit::postgres::PgCluster;
 use lameduck_testkit::traffic::{Kind, Plan, Tally, Traffic};
 
@@ -371,6 +371,20 @@ fn assert_every_span_flushed(way: Way, receiver: &Receiver, answered: u64, logs:
         "{way:?}: the final flush's span; spans: {:?}",
         spans.iter().map(|span| &span.name).collect::<Vec<_>>()
     );
+    if matches!(way, DatabaseDownAtShutdown) {
+        // The final flush's database calls failed, and their spans say so.
+        let calls: Vec<_> = spans
+            .iter()
+            .filter(|span| span.name == "UPDATE links")
+            .filter(|span| inside(&spans, span, "write-behind final flush"))
+            .collect();
+        assert!(!calls.is_empty(), "{way:?}: the final flush's calls");
+        for call in calls {
+            assert_eq!(call.status_code, StatusCode::Error, "{call:#?}");
+            assert!(!call.status_message.is_empty(), "{call:#?}");
+            assert!(call.attr_str("error.type").is_some(), "{call:#?}");
+        }
+    }
     let flushed = logs.matches("traces flushed").count();
     let processes = if matches!(way, Upgrade) { 2 } else { 1 };
     assert!(
@@ -381,6 +395,21 @@ fn assert_every_span_flushed(way: Way, receiver: &Receiver, answered: u64, logs:
         !logs.contains("spans_dropped"),
         "{way:?}: a span dropped; logs:\n{logs}"
     );
+}
+
+/// `true` if `span` is inside a span named `name`, at any depth.
+fn inside(spans: &[ReceivedSpan], span: &ReceivedSpan, name: &str) -> bool {
+    let mut parent = span.parent_span_id.as_deref();
+    while let Some(id) = parent {
+        let Some(up) = spans.iter().find(|up| up.span_id == id) else {
+            return false;
+        };
+        if up.name == name {
+            return true;
+        }
+        parent = up.parent_span_id.as_deref();
+    }
+    false
 }
 
 /// The redirects answered 307; every other answer fails the row.

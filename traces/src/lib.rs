@@ -104,14 +104,26 @@ pub fn count(n: impl TryInto<i64>) -> i64 {
     n.try_into().unwrap_or(i64::MAX)
 }
 
-/// Marks `span` failed, saying why (no-op on [`tracing::Span::none`]).
+/// Marks `span` failed, saying why: `kind` as its `error.type`, and
+/// `error` as the description of its status, an error. Recorded as fields,
+/// which the span must declare (`tracing::field::Empty`):
+/// `error.type` and `otel.status_description`; the logs leave the second
+/// out. No-op on [`tracing::Span::none`].
+///
+/// ```
+/// let span = lameduck_traces::traced_span!(
+///     "nightly cleanup",
+///     error.type = tracing::field::Empty,
+///     otel.status_description = tracing::field::Empty,
+/// );
+/// lameduck_traces::fail(&span, "timeout", &"the database did not answer");
+/// ```
 pub fn fail(span: &tracing::Span, kind: &str, error: &dyn std::fmt::Display) {
-    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
     if span.is_none() {
         return;
     }
-    span.set_attribute("error.type", kind.to_owned());
-    span.set_status(opentelemetry::trace::Status::error(error.to_string()));
+    span.record("error.type", kind);
+    span.record("otel.status_description", error.to_string().as_str());
 }
 
 /// The OTLP transport, as `OTEL_EXPORTER_OTLP_PROTOCOL` names it.

@@ -232,34 +232,13 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
-
     use opentelemetry::trace::{SpanId, Status, TracerProvider as _};
-    use opentelemetry::Context as OtelContext;
-    use opentelemetry_sdk::error::OTelSdkResult;
-    use opentelemetry_sdk::trace::{SdkTracerProvider, Span, SpanData, SpanProcessor};
+    use opentelemetry_sdk::trace::SdkTracerProvider;
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
     use crate::server::{LOG_CALLSITE, LOG_META};
-
-    /// The spans ended, as the SDK hands them to a processor.
-    #[derive(Clone, Debug, Default)]
-    struct Ended(Arc<Mutex<Vec<SpanData>>>);
-
-    impl SpanProcessor for Ended {
-        fn on_start(&self, _: &mut Span, _: &OtelContext) {}
-        fn on_end(&self, span: SpanData) {
-            self.0.lock().expect("lock").push(span);
-        }
-        fn force_flush(&self) -> OTelSdkResult {
-            Ok(())
-        }
-        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
-            Ok(())
-        }
-    }
+    use crate::testing::Ended;
 
     /// A request's log span, as the service makes it.
     fn log_span() -> tracing::Span {
@@ -309,7 +288,7 @@ mod tests {
             // None open again.
             log_span().in_scope(|| tracing::info!("in a request"));
         });
-        let ended = ended.0.lock().expect("lock").clone();
+        let ended = ended.spans();
         let names: Vec<_> = ended.iter().map(|span| span.name.as_ref()).collect();
         assert_eq!(names, ["database", "flush"]);
         let (database, flush) = (&ended[0], &ended[1]);

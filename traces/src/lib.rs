@@ -9,6 +9,8 @@ pub mod open;
 mod parent;
 pub mod server;
 mod span;
+#[cfg(test)]
+mod testing;
 mod tls;
 mod wire;
 

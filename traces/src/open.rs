@@ -160,33 +160,13 @@ fn fail(context: &Context, why: &'static str) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
 
     use opentelemetry::trace::{Status, Tracer as _, TracerProvider as _};
-    use opentelemetry_sdk::error::OTelSdkResult;
-    use opentelemetry_sdk::trace::{SdkTracerProvider, Span, SpanData, SpanProcessor};
+    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData};
 
     use super::*;
-
-    /// The spans that ended, in order.
-    #[derive(Clone, Debug, Default)]
-    struct Ended(Arc<Mutex<Vec<SpanData>>>);
-
-    impl SpanProcessor for Ended {
-        fn on_start(&self, _span: &mut Span, _cx: &Context) {}
-
-        fn on_end(&self, span: SpanData) {
-            self.0.lock().expect("lock").push(span);
-        }
-
-        fn force_flush(&self) -> OTelSdkResult {
-            Ok(())
-        }
-
-        fn shutdown_with_timeout(&self, _timeout: std::time::Duration) -> OTelSdkResult {
-            Ok(())
-        }
-    }
+    use crate::testing::Ended;
 
     /// Spans listed here, and what became of them. The list is the
     /// process's: one test at a time has a recorder.
@@ -220,9 +200,8 @@ mod tests {
 
         /// The spans ended so far: name and status, in order.
         fn outcomes(&self) -> Vec<(String, Status)> {
-            let ended = self.ended.0.lock().expect("lock");
             let outcome = |span: &SpanData| (span.name.to_string(), span.status.clone());
-            ended.iter().map(outcome).collect()
+            self.ended.spans().iter().map(outcome).collect()
         }
     }
 

@@ -223,10 +223,7 @@ where
         }
         // SAFETY: the contract is the caller's, handed on as it came to
         // the layer inside, which lives as long as `self`.
-        #[allow(unsafe_code)]
-        unsafe {
-            self.inner.downcast_raw(id)
-        }
+        unsafe { self.inner.downcast_raw(id) }
     }
 }
 
@@ -247,9 +244,9 @@ mod tests {
     }
 
     // What a per-layer filter gave the exporter, it still gets: the spans
-    // exported, their parents, their lines, a failure (`crate::fail`), the
-    // exporter's layer found through this one, and nothing of a log span
-    // or of a span below `Traces::FILTER`, entered in between or not.
+    // exported, their parents, their lines, a failure (`crate::fail`), and
+    // nothing of a log span or of a span below `Traces::FILTER`, entered in
+    // between or not.
     #[test]
     fn the_exporter_gets_its_spans_and_nothing_else() {
         let ended = Ended::default();
@@ -307,8 +304,9 @@ mod tests {
     }
 
     // Spans that close on other threads while others are made: the count
-    // of those open comes back to none, and the log spans entered after
-    // cost the exporter nothing again.
+    // of those open comes back to none, so that the log spans entered
+    // after cost the exporter nothing again. And the layer inside is found
+    // through this one, as `OpenTelemetrySpanExt` looks for the exporter's.
     #[test]
     fn the_count_of_exported_spans_open_comes_back_to_none() {
         type Counting = Exports<tracing_subscriber::layer::Identity>;

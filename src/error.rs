@@ -43,6 +43,19 @@ pub enum ApiError {
         /// Seconds the client should wait before retrying.
         retry_after_secs: u32,
     },
+    /// A write the server may or may not have made (503 with
+    /// `Retry-After`): its database commit was sent and the answer lost.
+    /// The body names what to read to learn whether it was made, as
+    /// `location`; retrying blindly could make it twice.
+    #[error("{message}")]
+    Unconfirmed {
+        /// What happened, for the client.
+        message: String,
+        /// The path that tells whether the write was made.
+        location: String,
+        /// Seconds the client should wait before reading it.
+        retry_after_secs: u32,
+    },
     /// The request announces a body (Content-Length) larger than the limit
     /// (413), refused before any of it is read.
     #[error("request body of {announced} bytes is larger than the limit of {limit} bytes")]
@@ -78,9 +91,9 @@ impl ApiError {
             ApiError::Cancelled => {
                 StatusCode::from_u16(499).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
             }
-            ApiError::Unavailable(_) | ApiError::RetryLater { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Unavailable(_)
+            | ApiError::RetryLater { .. }
+            | ApiError::Unconfirmed { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Rejected { status, .. } => *status,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -97,10 +110,19 @@ impl IntoResponse for ApiError {
         let retry_after = match &self {
             ApiError::RetryLater {
                 retry_after_secs, ..
+            }
+            | ApiError::Unconfirmed {
+                retry_after_secs, ..
             } => Some(HeaderValue::from(*retry_after_secs)),
             _ => None,
         };
-        let mut response = (status, Json(json!({ "error": self.to_string() }))).into_response();
+        let body = match &self {
+            ApiError::Unconfirmed { location, .. } => {
+                json!({ "error": self.to_string(), "location": location })
+            }
+            _ => json!({ "error": self.to_string() }),
+        };
+        let mut response = (status, Json(body)).into_response();
         if let Some(seconds) = retry_after {
             response.headers_mut().insert(RETRY_AFTER, seconds);
         }

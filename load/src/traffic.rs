@@ -122,6 +122,9 @@ pub struct Record {
     pub status: u16,
     /// The response carried `Retry-After`.
     pub retry_after: bool,
+    /// A 503 to a creation that says the database did not confirm it and
+    /// names the link (`location`): it may have been stored.
+    pub unconfirmed: bool,
     /// The balancer's slot of the server that answered (its `x-served-by`
     /// header), if a balancer said.
     pub server: Option<u8>,
@@ -275,6 +278,7 @@ struct Answer {
     fate: Fate,
     status: u16,
     retry_after: bool,
+    unconfirmed: bool,
     server: Option<u8>,
 }
 
@@ -290,6 +294,7 @@ impl Answer {
             proto,
             status: self.status,
             retry_after: self.retry_after,
+            unconfirmed: self.unconfirmed,
             server: self.server,
         }
     }
@@ -313,27 +318,40 @@ async fn send(
             .get("x-served-by")
             .and_then(|value| value.to_str().ok())
             .and_then(haproxy::served_by);
-        response
+        let body = response
             .into_body()
             .collect()
             .await
-            .map_err(|error| Box::new(error) as Box<dyn StdError + Send + Sync>)?;
-        Ok::<_, Box<dyn StdError + Send + Sync>>((status, retry_after, server))
+            .map_err(|error| Box::new(error) as Box<dyn StdError + Send + Sync>)?
+            .to_bytes();
+        let unconfirmed = kind == Kind::Create && status == 503 && names_a_location(&body);
+        Ok::<_, Box<dyn StdError + Send + Sync>>((status, retry_after, unconfirmed, server))
     };
     let failed = |fate| Answer {
         fate,
         status: 0,
         retry_after: false,
+        unconfirmed: false,
         server: None,
     };
     match tokio::time::timeout(timeout, exchange).await {
         Err(_elapsed) => failed(Fate::Timeout),
         Ok(Err(error)) => failed(Fate::of_error(&*error)),
-        Ok(Ok((status, retry_after, server))) => Answer {
+        Ok(Ok((status, retry_after, unconfirmed, server))) => Answer {
             fate: Fate::of_status(status, kind.expected()),
             status,
             retry_after,
+            unconfirmed,
             server,
         },
     }
+}
+
+/// The error body names a `location`: the write may have been made.
+fn names_a_location(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|error| {
+        error
+            .get("location")
+            .is_some_and(serde_json::Value::is_string)
+    })
 }

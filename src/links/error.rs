@@ -15,14 +15,29 @@ impl From<StorageError> for ApiError {
                 message: "the service is busy; retry later".to_owned(),
                 retry_after_secs: RETRY_AFTER_SECS,
             },
-            StorageError::Unavailable(_) | StorageError::Down | StorageError::Closed => {
-                ApiError::RetryLater {
-                    message: "the database is unavailable; retry later".to_owned(),
-                    retry_after_secs: RETRY_AFTER_SECS,
-                }
-            }
+            StorageError::Unavailable(_)
+            | StorageError::Unconfirmed(_)
+            | StorageError::Down
+            | StorageError::Closed => ApiError::RetryLater {
+                message: "the database is unavailable; retry later".to_owned(),
+                retry_after_secs: RETRY_AFTER_SECS,
+            },
             other => ApiError::Internal(Box::new(other)),
         }
+    }
+}
+
+/// 503 for a link whose creation the database did not confirm: it may
+/// exist, and `GET /api/links/{code}` says.
+pub(crate) fn unconfirmed(code: &str) -> ApiError {
+    let location = format!("/api/links/{code}");
+    ApiError::Unconfirmed {
+        message: format!(
+            "the database did not confirm the link '{code}'; it may have been created: \
+             GET {location} tells, before you create it again"
+        ),
+        location,
+        retry_after_secs: RETRY_AFTER_SECS,
     }
 }
 

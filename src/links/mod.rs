@@ -20,7 +20,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use self::error::not_found;
+use self::error::{not_found, unconfirmed};
 use crate::error::ApiError;
 use crate::lifecycle::RequestScope;
 use crate::storage::{Storage, StorageError, StoredLink};
@@ -115,7 +115,6 @@ async fn create(
                 } else {
                     GENERATE_ATTEMPTS
                 };
-                let mut last = StorageError::Conflict;
                 for _ in 0..attempts {
                     let link = StoredLink {
                         code: custom.clone().unwrap_or_else(validate::generate_code),
@@ -125,11 +124,14 @@ async fn create(
                     };
                     match storage.insert_link(&link, &token).await {
                         Ok(()) => return Ok(link),
-                        Err(StorageError::Conflict) => last = StorageError::Conflict,
-                        Err(other) => return Err(other),
+                        Err(StorageError::Conflict) => {}
+                        // The commit's answer was lost: the link may exist,
+                        // and only its code tells the client where to look.
+                        Err(StorageError::Unconfirmed(_)) => return Err(unconfirmed(&link.code)),
+                        Err(other) => return Err(ApiError::from(other)),
                     }
                 }
-                Err(last)
+                Err(ApiError::from(StorageError::Conflict))
             })
         })
         .await

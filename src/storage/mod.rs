@@ -124,6 +124,11 @@ pub enum StorageError {
     /// circuit breaker.
     #[error("database unavailable")]
     Unavailable(#[source] sqlx::Error),
+    /// A commit was sent and its answer never came (the connection failed
+    /// on the way back): the transaction may have committed or not.
+    /// Counted by the circuit breaker like [`StorageError::Unavailable`].
+    #[error("the database did not confirm the commit")]
+    Unconfirmed(#[source] sqlx::Error),
     /// The circuit breaker is open: the call was not made, so that it fails
     /// fast rather than waits for a database that will not answer.
     #[error("database unavailable (circuit breaker open)")]
@@ -162,6 +167,7 @@ impl StorageError {
             StorageError::Cancelled => "cancelled",
             StorageError::Busy => "busy",
             StorageError::Unavailable(_) => "unavailable",
+            StorageError::Unconfirmed(_) => "unconfirmed",
             StorageError::Down => "down",
             StorageError::Closed => "closed",
             StorageError::Query(_) => "query",
@@ -172,7 +178,7 @@ impl StorageError {
         match self {
             StorageError::Conflict | StorageError::Query(_) => Verdict::Answered,
             StorageError::Busy => Verdict::Busy,
-            StorageError::Unavailable(_) => Verdict::Failing,
+            StorageError::Unavailable(_) | StorageError::Unconfirmed(_) => Verdict::Failing,
             StorageError::Cancelled
             | StorageError::Down
             | StorageError::Closed
@@ -197,6 +203,19 @@ impl From<sqlx::Error> for StorageError {
             (_, Verdict::Failing) => StorageError::Unavailable(error),
             _ => StorageError::Query(error),
         }
+    }
+}
+
+/// The error of a commit: the database's answer (a refusal) as any call's,
+/// but a connection that failed once the `COMMIT` was sent leaves its
+/// outcome unknown, [`StorageError::Unconfirmed`].
+fn unconfirmed(error: sqlx::Error) -> StorageError {
+    if matches!(error, sqlx::Error::Database(_)) {
+        return error.into();
+    }
+    match StorageError::from(error) {
+        StorageError::Unavailable(error) => StorageError::Unconfirmed(error),
+        other => other,
     }
 }
 
@@ -593,7 +612,7 @@ impl Storage {
         let result = self.cancel_on(token, backend_pid, statements).await;
 
         match result {
-            Ok(()) if !token.is_cancelled() => Ok(tx.commit().await?),
+            Ok(()) if !token.is_cancelled() => tx.commit().await.map_err(unconfirmed),
             other => {
                 tx.rollback().await?;
                 if token.is_cancelled() {

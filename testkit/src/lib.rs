@@ -10,6 +10,8 @@
 //!   `show stat` in typed rows;
 //! - [`otlp`]: an OTLP receiver, over gRPC and HTTP, plain or TLS, keeping
 //!   the spans it decodes or only counting them;
+//! - [`relay`]: a TCP relay in front of PostgreSQL that cuts its clients
+//!   off, or loses the answer to one commit;
 //! - [`tls`]: a test CA and the certificates it signs;
 //! - [`traffic`]: clients that keep asking while the test changes the
 //!   server, and what each request met.
@@ -22,5 +24,6 @@ pub mod fate;
 pub mod haproxy;
 pub mod otlp;
 pub mod postgres;
+pub mod relay;
 pub mod tls;
 pub mod traffic;

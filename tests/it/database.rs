@@ -2,7 +2,8 @@
 //! PostgreSQL: the service stays ready, says what it knows of the database
 //! beside its readiness, tells a saturated pool from a database that is
 //! down, fails fast only behind an open circuit breaker, keeps serving what
-//! needs no database, and loses no hit.
+//! needs no database, loses no hit, and says so when it cannot know
+//! whether a commit was made.
 //!
 //! The same guarantees through a load balancer, with three replicas and
 //! every kind of outage, are `load outage` (`load/src/outage/`); its smoke
@@ -22,6 +23,7 @@ use lameduck_testkit::binary::{
     send_create, wait_database, wait_metric, LameduckProcess, RawResponse,
 };
 use lameduck_testkit::postgres::{PgCluster, Sql};
+use lameduck_testkit::relay::Relay;
 
 /// Generous bound on anything that should take milliseconds.
 const PATIENCE: Duration = Duration::from_secs(15);
@@ -327,4 +329,69 @@ fn a_saturated_pool_is_busy_not_down_and_the_service_stays_ready() {
         Sql::connect(&url).count("SELECT CAST(COALESCE(SUM(hits), 0) AS BIGINT) FROM links"),
         2
     );
+}
+
+// Gap: a creation whose COMMIT reached PostgreSQL and whose answer was lost
+// on the way back (the network failed at that moment) was answered "the
+// database is unavailable; retry later", though the link had been made: a
+// client that retried made a second one, and `load outage` counted a link
+// stored that no 201 had announced. Now the answer says the database did
+// not confirm it and names where to read whether it exists; the link is
+// there, audit row included, and the service goes on creating links.
+#[test]
+fn a_creation_whose_commit_answer_is_lost_says_so_and_names_the_link() {
+    let cluster = PgCluster::start();
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime for the relay");
+    let relay = runtime
+        .block_on(Relay::start(SocketAddr::from((
+            [127, 0, 0, 1],
+            cluster.port(),
+        ))))
+        .expect("relay");
+    let url = cluster.url().replace(
+        &format!(":{}/", cluster.port()),
+        &format!(":{}/", relay.addr.port()),
+    );
+    let mut server = LameduckProcess::start(&["--database-url", &url], &[]);
+    let (addr, admin) = (server.addr(), server.admin_addr());
+    assert_eq!(post_json(addr, &link_body("confirmed")).status, 201);
+
+    relay.lose_next_commit_answer();
+    let response = post_json(addr, r#"{"url":"https://example.com/unconfirmed"}"#);
+    let message = assert_json_error(&response, 503, "a creation whose commit answer was lost");
+    assert_eq!(relay.commit_answers_lost(), 1, "{response:?}");
+    assert!(message.contains("did not confirm"), "{message:?}");
+    assert_eq!(response.header("retry-after"), Some("1"), "{response:?}");
+    let location = response.json()["location"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no location: {response:?}"))
+        .to_owned();
+    let code = location
+        .strip_prefix("/api/links/")
+        .unwrap_or_else(|| panic!("not a link's path: {location:?}"));
+    assert!(message.contains(&location), "{message:?}");
+
+    let mut sql = Sql::connect(&cluster.url());
+    assert_eq!(
+        sql.count(&format!(
+            "SELECT count(*) FROM links WHERE code = '{code}' AND url = 'https://example.com/unconfirmed'"
+        )),
+        1,
+        "the link was committed"
+    );
+    assert_eq!(
+        sql.count(&format!(
+            "SELECT count(*) FROM link_audit WHERE code = '{code}'"
+        )),
+        1,
+        "with its audit row, in the same transaction"
+    );
+    wait_database(admin, "up");
+    let read = fresh_get(addr, &location);
+    assert_eq!(read.status, 200, "{read:?}");
+    assert_eq!(read.json()["url"], "https://example.com/unconfirmed");
+    assert_eq!(post_json(addr, &link_body("after")).status, 201);
+
+    server.signal(Signal::SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
 }

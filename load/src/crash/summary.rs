@@ -537,6 +537,7 @@ mod tests {
             proto: Proto::Http1,
             status: if fate == Fate::Http5xx { 502 } else { 0 },
             retry_after: false,
+            unconfirmed: false,
             server,
         }
     }

@@ -17,11 +17,10 @@
 //! readiness stopped following the database.
 //!
 //! Each replica reaches PostgreSQL through a relay of its own
-//! ([`relay`]): phase (d) stops the last replica's.
+//! ([`Relay`]): phase (d) stops the last replica's.
 
 pub mod monitor;
 pub mod phase;
-pub mod relay;
 pub mod summary;
 
 use std::net::SocketAddr;
@@ -31,6 +30,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::ValueEnum;
+use lameduck_testkit::relay::Relay;
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -46,7 +46,6 @@ use crate::scenario::{Common, Scenario};
 use crate::traffic::Mix;
 use crate::{metric, SERVICE};
 use phase::{Phase, PhaseResult};
-use relay::Relay;
 
 /// How long the replicas may take, after a phase, to flush every pending
 /// hit once the database answers.
@@ -212,6 +211,8 @@ pub struct FlavorResult {
     pub hits_stored: i64,
     /// Creations answered 201 in all.
     pub links_answered: u64,
+    /// Creations answered unconfirmed in all (each may have been stored).
+    pub links_unconfirmed: u64,
     /// Links in the database after the run, less the seeded ones.
     pub links_stored: i64,
 }
@@ -225,6 +226,16 @@ impl FlavorResult {
     /// Links answered but not stored, over the whole run.
     pub fn links_lost(&self) -> i64 {
         i64::try_from(self.links_answered).unwrap_or(i64::MAX) - self.links_stored
+    }
+
+    /// Links stored that neither a 201 nor an unconfirmed 503 announced,
+    /// over the whole run.
+    pub fn links_unannounced(&self) -> i64 {
+        phase::unannounced(
+            self.links_stored,
+            self.links_answered,
+            self.links_unconfirmed,
+        )
     }
 }
 
@@ -280,12 +291,15 @@ async fn run_flavors(
         );
         let result = run_flavor(*flavor, options, binaries, database, out).await?;
         eprintln!(
-            "load: {}: hits answered {} / stored {}, links answered {} / stored {}",
+            "load: {}: hits answered {} / stored {}, links answered {}",
             result.label,
             result.redirects_answered,
             result.hits_stored,
-            result.links_answered,
-            result.links_stored
+            summary::links(
+                result.links_answered,
+                result.links_unconfirmed,
+                result.links_stored
+            )
         );
         results.push(result);
     }
@@ -349,7 +363,9 @@ async fn run_flavor(
     let direct = format!(":{}/", cluster.port());
     let mut relays = Vec::new();
     for index in 1..=replicas {
-        let relay = Relay::start(upstream).await?;
+        let relay = Relay::start(upstream)
+            .await
+            .context("cannot bind a relay")?;
         let url = cluster
             .url()
             .replace(&direct, &format!(":{}/", relay.addr.port()));
@@ -411,6 +427,7 @@ impl FlavorResult {
         let redirects_answered =
             warm_redirects + phases.iter().map(|p| p.redirects_answered).sum::<u64>();
         let links_answered = phases.iter().map(|p| p.links_answered).sum();
+        let links_unconfirmed = phases.iter().map(|p| p.links_unconfirmed).sum();
         let mut failed_fast = report::histogram();
         for us in phases.iter().flat_map(|p| &p.failed_fast_us) {
             report::record(&mut failed_fast, Duration::from_micros(*us));
@@ -425,6 +442,7 @@ impl FlavorResult {
             redirects_answered,
             hits_stored,
             links_answered,
+            links_unconfirmed,
             links_stored,
         }
     }

@@ -7,12 +7,12 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::ValueEnum;
 use hdrhistogram::Histogram;
+use lameduck_testkit::relay::Relay;
 use serde::Serialize;
 use sqlx::PgPool;
 use tokio::time::Instant;
 
 use super::monitor::Timeline;
-use super::relay::Relay;
 use super::Options;
 use crate::fate::{Fate, FateCounts};
 use crate::fleet::Ran;
@@ -139,7 +139,10 @@ pub async fn disturb(
             let relay = database.relays.last().context("no relay to cut")?;
             relay.cut().await;
             tokio::time::sleep(options.cut_off).await;
-            relay.restore().await?;
+            relay
+                .restore()
+                .await
+                .with_context(|| format!("cannot listen on {} again", relay.addr))?;
         }
     }
     Ok(Disturbance {
@@ -195,6 +198,9 @@ pub struct PhaseResult {
     pub hits_stored: i64,
     /// Creations answered 201.
     pub links_answered: u64,
+    /// Creations answered 503 naming the link the database did not
+    /// confirm: each may have been stored.
+    pub links_unconfirmed: u64,
     /// What the number of links grew by.
     pub links_stored: i64,
     /// Per second: requests answered as expected.
@@ -237,6 +243,7 @@ struct Tally {
     failed_per_second: Vec<u64>,
     redirects_answered: u64,
     links_answered: u64,
+    links_unconfirmed: u64,
 }
 
 impl Tally {
@@ -256,6 +263,7 @@ impl Tally {
             failed_per_second: vec![0; seconds],
             redirects_answered: 0,
             links_answered: 0,
+            links_unconfirmed: 0,
         }
     }
 
@@ -269,6 +277,7 @@ impl Tally {
         match (record.kind, record.status) {
             (Kind::Redirect, 307) => self.redirects_answered += 1,
             (Kind::Create, 201) => self.links_answered += 1,
+            (Kind::Create, 503) if record.unconfirmed => self.links_unconfirmed += 1,
             _ => {}
         }
         #[allow(clippy::cast_possible_truncation)]
@@ -356,6 +365,7 @@ impl PhaseResult {
             redirects_answered: tally.redirects_answered,
             hits_stored,
             links_answered: tally.links_answered,
+            links_unconfirmed: tally.links_unconfirmed,
             links_stored,
             ok_per_second: tally.ok_per_second,
             failed_per_second: tally.failed_per_second,
@@ -373,8 +383,36 @@ impl PhaseResult {
         i64::try_from(self.links_answered).unwrap_or(i64::MAX) - self.links_stored
     }
 
+    /// Links stored that neither a 201 nor an unconfirmed 503 announced.
+    pub fn links_unannounced(&self) -> i64 {
+        unannounced(
+            self.links_stored,
+            self.links_answered,
+            self.links_unconfirmed,
+        )
+    }
+
     /// Every `/readyz` reading on every replica was 200.
     pub fn always_ready(&self) -> bool {
         self.not_ready.iter().all(|(not_ready, _)| *not_ready == 0)
+    }
+}
+
+/// Links stored beyond those answered 201 and those answered unconfirmed:
+/// an unconfirmed creation may be stored or not, any other must not be.
+pub fn unannounced(stored: i64, answered: u64, unconfirmed: u64) -> i64 {
+    stored - i64::try_from(answered.saturating_add(unconfirmed)).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unannounced;
+
+    #[test]
+    fn a_link_stored_is_announced_by_a_201_or_an_unconfirmed_answer() {
+        assert_eq!(unannounced(66, 66, 0), 0);
+        assert_eq!(unannounced(67, 66, 1), 0, "the unconfirmed one was made");
+        assert_eq!(unannounced(66, 66, 1), -1, "the unconfirmed one was not");
+        assert_eq!(unannounced(67, 66, 0), 1, "a link nobody was told of");
     }
 }

@@ -509,10 +509,14 @@ impl Storage {
         call: impl Future<Output = Result<T, StorageError>>,
     ) -> Result<T, StorageError> {
         let mut span = self.span(summary);
+        let unanswered = Unanswered(Some(|why: &str| {
+            span.fail(StorageError::Cancelled.kind(), &why);
+        }));
         let result = match self.health.admit() {
             Ok(()) => self.health.observe(call.await),
             Err(refused) => Err(refused),
         };
+        unanswered.answered();
         if let Err(error) = &result {
             span.fail(error.kind(), error);
         }
@@ -726,7 +730,9 @@ impl Storage {
             error.type = tracing::field::Empty,
             otel.status_description = tracing::field::Empty,
         );
-        let unanswered = Unanswered(Some(&span));
+        let unanswered = Unanswered(Some(|why: &str| {
+            crate::telemetry::traces::fail(&span, StorageError::Cancelled.kind(), &why);
+        }));
         let applied = self
             .apply_hits_inner(batch_id, hits)
             .instrument(span.clone());
@@ -968,26 +974,23 @@ pub fn redact(url: &str) -> String {
 }
 
 /// A database call's span until the call is answered: dropped before, the
-/// call was given up on (the final flush's budget spent while the database
-/// does not answer), and the span says so rather than end as if it had
-/// succeeded.
-struct Unanswered<'a>(Option<&'a tracing::Span>);
+/// call was given up on (its request's client hung up or its deadline
+/// passed, the final flush's budget was spent while the database does not
+/// answer), and `fail` marks the span so rather than let it end as if the
+/// call had succeeded.
+struct Unanswered<F: FnOnce(&str)>(Option<F>);
 
-impl Unanswered<'_> {
+impl<F: FnOnce(&str)> Unanswered<F> {
     /// The call was answered: its span says how.
     fn answered(mut self) {
         self.0 = None;
     }
 }
 
-impl Drop for Unanswered<'_> {
+impl<F: FnOnce(&str)> Drop for Unanswered<F> {
     fn drop(&mut self) {
-        if let Some(span) = self.0 {
-            crate::telemetry::traces::fail(
-                span,
-                "cancelled",
-                &"given up on before the database answered",
-            );
+        if let Some(fail) = self.0.take() {
+            fail("given up on before the database answered");
         }
     }
 }

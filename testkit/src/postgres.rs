@@ -610,4 +610,21 @@ impl Sql {
             .block_on(sqlx::query_scalar(sql).fetch_one(&mut self.conn))
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
+
+    /// Waits until at least `n` of the service's sessions (`application_name`
+    /// `lameduck`) wait on a lock; panics, naming `what`, after `within`.
+    pub fn wait_lock_waiters(&mut self, n: i64, within: Duration, what: &str) {
+        let deadline = Instant::now() + within;
+        while self.count(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = 'lameduck' AND wait_event_type = 'Lock'",
+        ) < n
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{what} never waited on the lock within {within:?}"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
 }

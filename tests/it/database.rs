@@ -263,19 +263,7 @@ fn a_saturated_pool_is_busy_not_down_and_the_service_stays_ready() {
         send_create(addr, &link_body("blocked-1")),
         send_create(addr, &link_body("blocked-2")),
     ];
-    let mut observer = Sql::connect(&url);
-    let deadline = Instant::now() + PATIENCE;
-    while observer.count(
-        "SELECT count(*) FROM pg_stat_activity \
-         WHERE application_name = 'lameduck' AND wait_event_type = 'Lock'",
-    ) < 2
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the two creations never waited on the lock"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    Sql::connect(&url).wait_lock_waiters(2, PATIENCE, "the two creations");
 
     let started = Instant::now();
     let response = fresh_get(addr, "/api/links/busy");

@@ -10,7 +10,8 @@
 //! signal, a collector down (both transports) or slow at shutdown: every
 //! request answered before the signal has exactly one server span, in the
 //! caller's trace when it sent a `traceparent`, and the exit keeps to its
-//! budget and its code whatever the collector does. And the standard
+//! budget and its code whatever the collector does. A database call given
+//! up on (its client hung up) ends its span in error. And the standard
 //! `OTEL_*` variables a user sets (the traces' protocol, service name,
 //! resource, headers, sampler) reach the collector, over both transports.
 //! Last, an `https://` collector: trusted through
@@ -36,6 +37,7 @@ use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use lameduck_testkit::binary::{self, LameduckProcess};
 use lameduck_testkit::otlp::{self, Behaviour, Protocol, ReceivedSpan, Receiver};
+use lameduck_testkit::postgres::{PgCluster, Sql};
 use lameduck_testkit::tls::TestCa;
 use nix::sys::signal::Signal::SIGTERM;
 
@@ -716,6 +718,62 @@ fn deadline_passed_ends_the_abandoned_request_in_error() {
     let why = lameduck::telemetry::traces::open::ABANDONED;
     assert_eq!(held.status_message, why, "{held:#?}");
     assert_eq!(held.attr_str("error.type"), Some("abandoned"), "{held:#?}");
+}
+
+/// A read whose client hangs up while its `SELECT` waits on a lock: the
+/// request's database span ends in error, `cancelled`, rather than as if
+/// the database had answered.
+#[test]
+fn a_read_given_up_on_ends_its_database_span_in_error() {
+    let protocol = Protocol::HttpProtobuf;
+    let receiver = Receiver::start(protocol, Behaviour::Answer);
+    let cluster = PgCluster::start();
+    let url = cluster.url();
+    let mut server = start_traced(protocol, &receiver.endpoint(), &["--database-url", &url]);
+    let created = binary::post_json(server.addr(), &binary::link_body("held-read"));
+    assert_eq!(created.status, 201, "{created:?}");
+
+    let mut lock = Sql::connect(&url);
+    lock.execute("BEGIN");
+    lock.execute("LOCK TABLE links IN ACCESS EXCLUSIVE MODE");
+    let mut reader = binary::connect(server.addr());
+    reader
+        .write_all(
+            format!(
+                "GET /api/links/held-read HTTP/1.1\r\nHost: lameduck\r\n{}\r\n",
+                headers("held-read", None)
+            )
+            .as_bytes(),
+        )
+        .expect("send the read");
+    Sql::connect(&url).wait_lock_waiters(1, PATIENCE, "the read");
+    drop(reader);
+    binary::wait_metric(server.admin_addr(), "lameduck_requests_in_flight", |n| {
+        n == 0.0
+    });
+    lock.execute("COMMIT");
+    server.signal(SIGTERM);
+    assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
+
+    let spans = receiver.spans();
+    let request = server_spans(&spans)
+        .into_iter()
+        .find(|span| span.attr_str("request_id") == Some("held-read"))
+        .unwrap_or_else(|| panic!("no span of the read:\n{spans:#?}"));
+    let selects: Vec<_> = named(&spans, "SELECT links")
+        .into_iter()
+        .filter(|span| span.parent_span_id.as_ref() == Some(&request.span_id))
+        .collect();
+    let [select] = selects.as_slice() else {
+        panic!("the read has no single SELECT span:\n{spans:#?}");
+    };
+    assert_eq!(select.status_code, otlp::StatusCode::Error, "{select:#?}");
+    assert_eq!(
+        select.attr_str("error.type"),
+        Some("cancelled"),
+        "{select:#?}"
+    );
+    assert!(select.status_message.contains("given up on"), "{select:#?}");
 }
 
 /// Over HTTP/2, with a handler that ignores its cancellation (a fault

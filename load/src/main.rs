@@ -10,7 +10,7 @@
 //! cargo run -p load --release -- crash --smoke      # its short correctness run
 //! cargo run -p load --release -- rotation --check   # Scenario 5: reconnect storms and scale-up
 //! cargo run -p load --release -- rotation --smoke   # its short correctness run
-//! cargo run -p load --release -- soak               # idle connections + load past the limit (not in CI)
+//! cargo run -p load --release -- soak --check       # idle connections + load past the limit (not in CI)
 //! cargo run -p load --release -- abuse              # slowhttptest slow bodies and slowloris + a normal client (not in CI)
 //! ```
 
@@ -66,7 +66,7 @@ fn main() -> ExitCode {
         Command::Outage(options) => scenario::main(options.resolve(), machine),
         Command::Crash(options) => scenario::main(options.resolve(), machine),
         Command::Rotation(options) => scenario::main(options.resolve(), machine),
-        Command::Soak(options) => soak::main(options, machine),
+        Command::Soak(options) => scenario::main(options, machine),
         Command::Abuse(options) => abuse::main(options, machine),
     }
 }

@@ -42,6 +42,11 @@ pub trait Scenario: Sized {
     const NAME: &'static str;
     /// What a passed `--check` proved, said after `load: check passed: `.
     const PASSED: &'static str;
+    /// The tools it needs, as `scripts/install-test-deps.sh` names them,
+    /// installed first unless `--no-install`.
+    const TOOLS: &'static [&'static str] = &["postgres", "haproxy"];
+    /// Whether it draws `NAME.svg`.
+    const PICTURE: bool = true;
     /// Everything a run measured.
     type Report;
 
@@ -59,7 +64,8 @@ pub trait Scenario: Sized {
         out: &Path,
     ) -> impl Future<Output = anyhow::Result<Self::Report>>;
 
-    /// Writes `NAME.json`, `NAME.svg` and `summary.md` into `out`.
+    /// Writes `NAME.json`, `NAME.svg` (if [`Scenario::PICTURE`]) and
+    /// `summary.md` into `out`.
     ///
     /// # Errors
     /// If a file cannot be written.
@@ -86,8 +92,8 @@ pub fn main<S: Scenario>(scenario: S, machine: Machine) -> ExitCode {
 
 fn run<S: Scenario>(scenario: S, mut machine: Machine) -> anyhow::Result<ExitCode> {
     let common = scenario.common().clone();
-    if !common.no_install {
-        binaries::install_test_deps(&["postgres", "haproxy"])?;
+    if !common.no_install && !S::TOOLS.is_empty() {
+        binaries::install_test_deps(S::TOOLS)?;
     }
     let binaries = Binaries::for_run(common.bin_dir.as_deref(), &mut machine)?;
     let out = output_dir(common.out, S::NAME);
@@ -95,8 +101,13 @@ fn run<S: Scenario>(scenario: S, mut machine: Machine) -> anyhow::Result<ExitCod
     let report = runtime.block_on(scenario.run(&binaries, machine, &out))?;
     S::write(&report, &out)?;
     println!("{}", S::summary(&report));
+    let picture = if S::PICTURE {
+        format!("{}.svg,", S::NAME)
+    } else {
+        String::new()
+    };
     println!(
-        "Written: {}/{{{name}.json,{name}.svg,summary.md}} and logs/",
+        "Written: {}/{{{name}.json,{picture}summary.md}} and logs/",
         out.display(),
         name = S::NAME
     );

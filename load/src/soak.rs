@@ -1,6 +1,8 @@
 //! `load soak`: lameduck holding many idle connections under sustained
 //! load past its concurrency limit, then a SIGTERM. Not part of CI (it
-//! takes minutes and most of the machine); it prints its figures.
+//! takes minutes and most of the machine); a scenario like the others: its
+//! table printed, `soak.json` and `summary.md` and the server's log under
+//! `--out`, and with `--check` exit 1 unless it held.
 //!
 //! What it checks: the idle connections do not stop the server from
 //! serving; past `--max-concurrent-requests` API requests are shed with
@@ -9,23 +11,25 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
 use nix::sys::signal::Signal;
+use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::binaries::Binaries;
-use crate::machine::{self, Machine};
+use crate::machine::Machine;
 use crate::raw::{self, LoopResult, RawConn};
 use crate::replica::{Ended, Replica, Spec};
+use crate::report::{self, Latency};
+use crate::scenario::{Common, Scenario};
 use crate::SERVICE;
 
 /// Options of `load soak`.
-#[derive(Clone, Debug, Args)]
+#[derive(Clone, Debug, Args, Serialize)]
 pub struct Options {
     /// Idle keep-alive connections held open for the whole run.
     #[arg(long, default_value_t = 10_000)]
@@ -38,49 +42,128 @@ pub struct Options {
     pub max_concurrent_requests: u32,
     /// How long the sustained load runs.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[serde(with = "crate::report::millis")]
     pub duration: Duration,
-    /// Use the binaries in this folder instead of building them.
-    #[arg(long)]
-    pub bin_dir: Option<std::path::PathBuf>,
+    /// `--check`, `--out`, `--bin-dir`, `--no-install`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub common: Common,
 }
 
-/// Runs the soak and prints its table; exit code 1 if a check failed.
-pub fn main(options: Options, mut machine: Machine) -> ExitCode {
-    let result = (|| -> anyhow::Result<String> {
-        let binaries = Binaries::for_run(options.bin_dir.as_deref(), &mut machine)?;
-        let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
-        runtime.block_on(run(&options, &binaries, &machine))
-    })();
-    match result {
-        Ok(table) => {
-            println!("{table}");
-            ExitCode::SUCCESS
-        }
-        Err(error) => {
-            eprintln!("load soak: FAILED: {error:#}");
-            ExitCode::FAILURE
+/// Everything a soak measured.
+#[derive(Debug, Serialize)]
+pub struct SoakReport {
+    /// Where and how.
+    pub machine: Machine,
+    /// The options.
+    pub options: Options,
+    /// What the idle connections cost.
+    pub idle: Idle,
+    /// The API load past the limit.
+    pub api: Loop,
+    /// The health checks beside it.
+    pub health: Loop,
+    /// The server's exit after SIGTERM.
+    pub ended: Ended,
+}
+
+impl Scenario for Options {
+    const NAME: &'static str = "soak";
+    const PASSED: &'static str = "with every idle connection open the server served, shed \
+                                  past its limit rather than queued, refused no health check and \
+                                  exited 0";
+    const TOOLS: &'static [&'static str] = &[];
+    const PICTURE: bool = false;
+    type Report = SoakReport;
+
+    fn common(&self) -> &Common {
+        &self.common
+    }
+
+    async fn run(
+        self,
+        binaries: &Binaries,
+        machine: Machine,
+        out: &Path,
+    ) -> anyhow::Result<SoakReport> {
+        run(self, binaries, machine, out).await
+    }
+
+    fn write(report: &SoakReport, out: &Path) -> anyhow::Result<()> {
+        report::write_json(&out.join("soak.json"), report)?;
+        let summary = out.join("summary.md");
+        std::fs::write(&summary, table(report))
+            .with_context(|| format!("cannot write {}", summary.display()))
+    }
+
+    fn summary(report: &SoakReport) -> String {
+        table(report)
+    }
+
+    fn verdict(report: &SoakReport) -> Result<(), String> {
+        let problems = problems(&report.api, &report.health, &report.ended);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
         }
     }
 }
 
-async fn run(options: &Options, binaries: &Binaries, machine: &Machine) -> anyhow::Result<String> {
-    let data = std::env::temp_dir().join(format!("{SERVICE}-soak-{}", std::process::id()));
-    let mut server = start(options, binaries, &data).await?;
-    let (conns, idle) = hold_idle(&server, options).await?;
-    let (api, health) = sustained_load(server.addr, options).await;
+/// What `--check` holds against: exit 0 after SIGTERM, no health check
+/// refused, no API request failed at the connection level (shed is fine).
+fn problems(api: &Loop, health: &Loop, ended: &Ended) -> Vec<String> {
+    let mut problems = Vec::new();
+    if ended.code != Some(0) {
+        problems.push(format!(
+            "the server did not drain cleanly (exit {})",
+            ended.describe()
+        ));
+    }
+    if health.unexpected > 0 || health.errors > 0 {
+        problems.push(format!(
+            "health checks were refused under load ({} not 200, {} connection errors)",
+            health.unexpected, health.errors
+        ));
+    }
+    if api.errors > 0 {
+        problems.push(format!(
+            "{} API requests failed at the connection level",
+            api.errors
+        ));
+    }
+    problems
+}
+
+/// Starts the server, holds the idle connections, runs the load past the
+/// limit, then SIGTERM with every connection still open.
+async fn run(
+    options: Options,
+    binaries: &Binaries,
+    machine: Machine,
+    out: &Path,
+) -> anyhow::Result<SoakReport> {
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+    let data = tempfile::Builder::new()
+        .prefix(&format!("{SERVICE}-soak-"))
+        .tempdir()
+        .context("cannot create the data directory")?;
+    let mut server = start(&options, binaries, data.path(), &logs).await?;
+    let (conns, idle) = hold_idle(&server, &options).await?;
+    let (api, health) = sustained_load(server.addr, &options).await;
     let signalled = Instant::now();
     server.signal(Signal::SIGTERM)?;
     let ended = server.wait_exit(signalled, EXIT_LIMIT).await;
-    let figures = Figures {
-        idle: &idle,
-        api: &api,
-        health: &health,
-        ended: &ended,
-    };
-    let table = table(options, machine, &figures);
     drop(conns);
-    let _ = std::fs::remove_dir_all(&data);
-    check(&figures, table)
+    Ok(SoakReport {
+        machine,
+        options,
+        idle,
+        api: Loop::of(&api),
+        health: Loop::of(&health),
+        ended,
+    })
 }
 
 /// How long the server may take to answer `/readyz` after its start.
@@ -92,12 +175,15 @@ const EXIT_LIMIT: Duration = Duration::from_secs(60);
 /// How many idle connections are being opened at once.
 const IDLE_CONNECTS_AT_ONCE: usize = 256;
 
-/// Starts the server (its data in `data`, its log in `load/out`) with room
+/// Starts the server (its data in `data`, its log in `logs`) with room
 /// for every connection and the low concurrency limit, waits for it to be
 /// ready and creates the link the load reads.
-async fn start(options: &Options, binaries: &Binaries, data: &Path) -> anyhow::Result<Replica> {
-    let logs = machine::workspace_root().join("load/out");
-    std::fs::create_dir_all(&logs)?;
+async fn start(
+    options: &Options,
+    binaries: &Binaries,
+    data: &Path,
+    logs: &Path,
+) -> anyhow::Result<Replica> {
     let max_connections = options.idle + options.connections + 1_000;
     let spec = Spec {
         program: binaries.service.clone(),
@@ -134,13 +220,51 @@ async fn start(options: &Options, binaries: &Binaries, data: &Path) -> anyhow::R
 }
 
 /// What the idle connections cost.
-struct Idle {
+#[derive(Debug, Serialize)]
+pub struct Idle {
     /// How long opening them all took.
-    open_time: Duration,
-    /// The server's RSS before they were opened and with them open, KiB.
-    rss_before: u64,
-    /// See `rss_before`.
-    rss_idle: u64,
+    #[serde(with = "crate::report::millis")]
+    pub open_time: Duration,
+    /// The server's RSS before they were opened, KiB.
+    pub rss_before_kib: u64,
+    /// With them open, KiB.
+    pub rss_idle_kib: u64,
+}
+
+impl Idle {
+    /// RSS each idle connection added, KiB.
+    pub fn per_connection_kib(&self, idle: usize) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        let per = self.rss_idle_kib.saturating_sub(self.rss_before_kib) as f64 / idle.max(1) as f64;
+        per
+    }
+}
+
+/// A closed loop's outcome, for the report.
+#[derive(Debug, Serialize)]
+pub struct Loop {
+    /// Answered as expected (200).
+    pub ok: u64,
+    /// Answered otherwise (for the API past the limit: shed, 503).
+    pub unexpected: u64,
+    /// Connection errors.
+    pub errors: u64,
+    /// Answered as expected, per second.
+    pub per_second: f64,
+    /// Every answer's latency.
+    pub latency: Latency,
+}
+
+impl Loop {
+    fn of(result: &LoopResult) -> Loop {
+        Loop {
+            ok: result.ok,
+            unexpected: result.unexpected,
+            errors: result.errors,
+            per_second: result.throughput(),
+            latency: Latency::of(&result.latency_us),
+        }
+    }
 }
 
 /// Opens `--idle` keep-alive connections (each after one `/healthz`) and
@@ -162,8 +286,8 @@ async fn hold_idle(
     let open_time = opened.elapsed();
     let idle = Idle {
         open_time,
-        rss_before,
-        rss_idle: server.rss_kib().unwrap_or_default(),
+        rss_before_kib: rss_before,
+        rss_idle_kib: server.rss_kib().unwrap_or_default(),
     };
     Ok((conns, idle))
 }
@@ -188,83 +312,84 @@ async fn sustained_load(addr: SocketAddr, options: &Options) -> (LoopResult, Loo
     tokio::join!(api, health)
 }
 
-/// What the soak measured.
-struct Figures<'a> {
-    /// The idle connections.
-    idle: &'a Idle,
-    /// The API load.
-    api: &'a LoopResult,
-    /// The health checks beside it.
-    health: &'a LoopResult,
-    /// The server's exit after SIGTERM.
-    ended: &'a Ended,
-}
-
 /// The table of figures, in Markdown.
-fn table(options: &Options, machine: &Machine, figures: &Figures<'_>) -> String {
-    let Figures {
+fn table(report: &SoakReport) -> String {
+    let SoakReport {
+        machine,
+        options,
         idle,
         api,
         health,
         ended,
-    } = figures;
-    #[allow(clippy::cast_precision_loss)]
-    let per_connection =
-        (idle.rss_idle.saturating_sub(idle.rss_before)) as f64 / options.idle as f64;
+    } = report;
     format!(
-        "### Soak: {idle} idle connections, {conns} connections of load for {secs:?}, --max-concurrent-requests {limit}\n\n\
+        "### Soak: {idle_n} idle connections, {conns} connections of load for {secs:?}, --max-concurrent-requests {limit}\n\n\
          | figure | value |\n| --- | ---: |\n\
-         | idle connections opened | {idle} in {open:.1?} |\n\
+         | idle connections opened | {idle_n} in {open:.1?} |\n\
          | RSS before / with idle connections | {before} / {with} KiB ({per:.1} KiB each) |\n\
          | API answered 200 | {ok} ({tput:.0} req/s) |\n\
          | API shed (503 + Retry-After) | {shed} |\n\
          | API connection errors | {api_errors} |\n\
-         | API latency p50 / p99 / max | {p50:.2} / {p99:.2} / {max:.2} ms |\n\
+         | API latency p50 / p99 / max | {latency} ms |\n\
          | health checks 200 / other / errors | {h_ok} / {h_bad} / {h_err} |\n\
          | exit code after SIGTERM | {exit} |\n\
          | SIGTERM → exit | {drain:.0?} |\n\n\
-         Machine: {machine}\n\nCommand: `{command}`\n",
-        idle = options.idle,
+         Machine: {line}\n\nCommand: `{command}`\n",
+        idle_n = options.idle,
         conns = options.connections,
         secs = options.duration,
         limit = options.max_concurrent_requests,
         open = idle.open_time,
-        before = idle.rss_before,
-        with = idle.rss_idle,
-        per = per_connection,
+        before = idle.rss_before_kib,
+        with = idle.rss_idle_kib,
+        per = idle.per_connection_kib(options.idle),
         ok = api.ok,
-        tput = api.throughput(),
+        tput = api.per_second,
         shed = api.unexpected,
         api_errors = api.errors,
-        p50 = api.latency_ms(0.5),
-        p99 = api.latency_ms(0.99),
-        max = api.latency_ms(1.0),
+        latency = api.latency.cell(),
         h_ok = health.ok,
         h_bad = health.unexpected,
         h_err = health.errors,
         exit = ended.describe(),
         drain = ended.after,
-        machine = machine.line(),
-        command = std::env::args().collect::<Vec<_>>().join(" "),
+        line = machine.line(),
+        command = machine.command,
     )
 }
 
-/// The table if every check passed, else which failed, the table after.
-fn check(figures: &Figures<'_>, table: String) -> anyhow::Result<String> {
-    let Figures {
-        api, health, ended, ..
-    } = figures;
-    if ended.code != Some(0) {
-        bail!(
-            "the server did not drain cleanly (exit {})\n{table}",
-            ended.describe()
-        );
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(ok: u64, unexpected: u64, errors: u64) -> Loop {
+        Loop {
+            ok,
+            unexpected,
+            errors,
+            per_second: 0.0,
+            latency: Latency::default(),
+        }
     }
-    if health.unexpected > 0 || health.errors > 0 {
-        bail!("health checks were refused under load\n{table}");
+
+    fn exited(code: Option<i32>) -> Ended {
+        Ended {
+            code,
+            signal: None,
+            killed: false,
+            after: Duration::from_millis(200),
+        }
     }
-    if api.errors > 0 {
-        bail!("API requests failed at the connection level\n{table}");
+
+    #[test]
+    fn shedding_passes_and_each_failure_is_named() {
+        let (shed, healthy) = (answered(10, 500, 0), answered(40, 0, 0));
+        assert!(problems(&shed, &healthy, &exited(Some(0))).is_empty());
+
+        let problems = problems(&answered(10, 0, 2), &answered(40, 1, 0), &exited(Some(3)));
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems[0].contains("exit 3"), "{problems:?}");
+        assert!(problems[1].contains("1 not 200"), "{problems:?}");
+        assert!(problems[2].starts_with("2 API requests"), "{problems:?}");
     }
-    Ok(table)
 }

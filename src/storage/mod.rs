@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::trace::SpanKind;
-use opentelemetry::KeyValue;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
@@ -528,11 +527,9 @@ impl Storage {
     /// the request's server span, none with traces off or for a request
     /// not sampled.
     fn span(&self, summary: &'static str) -> ChildSpan {
-        ChildSpan::start(summary, SpanKind::Client, || {
-            [
-                KeyValue::new("db.system.name", self.backend.system_name()),
-                KeyValue::new("db.query.summary", summary),
-            ]
+        ChildSpan::start(summary, SpanKind::Client, |span| {
+            span.text("db.system.name", self.backend.system_name());
+            span.text("db.query.summary", summary);
         })
     }
 

@@ -7,6 +7,7 @@ pub mod fields;
 mod filter;
 pub mod open;
 mod parent;
+mod sampler;
 pub mod server;
 mod span;
 #[cfg(test)]
@@ -38,7 +39,7 @@ pub use export::ExporterError;
 pub use filter::{admitted, Admitted, Exports};
 use lameduck_lifecycle::{BoxError, LOG_TARGET};
 pub use parent::parent_context;
-pub use server::{carry, in_request_context, ChildSpan, Edge, ServerSpan};
+pub use server::{carry, in_request_context, ChildSpan, Edge, ServerSpan, SpanAttributes};
 pub use tls::CertificateError;
 use tls::ExtraRoots;
 
@@ -305,10 +306,11 @@ impl Traces {
             .with_resource(resource)
             .build();
         // The sampler and limits the standard variables name, as the SDK
-        // reads them for its own spans.
+        // reads them for its own spans (and warns of a sampler it does not
+        // know); its standard samplers' decision taken without it.
         let sdk = opentelemetry_sdk::trace::Config::default();
         server::install(server::Pipeline {
-            sampler: sdk.sampler,
+            sampler: sampler::Sampling::from_env(),
             limits: sdk.span_limits,
             processor: batch,
             scope: InstrumentationScope::builder(package.crate_name).build(),

@@ -151,7 +151,9 @@ impl opentelemetry::trace::Span for Recorded {
     }
 
     fn end_with_timestamp(&mut self, timestamp: SystemTime) {
-        let Some(open) = self.open.take() else {
+        // Read where it is, and dropped once written: moving the open span
+        // out first cost a copy of it.
+        let Some(open) = &self.open else {
             return;
         };
         let fields = wire::Fields {
@@ -172,6 +174,7 @@ impl opentelemetry::trace::Span for Recorded {
         let pipeline = self.pipeline;
         let scope = wire::Scope::Pipeline(&pipeline.scope);
         pipeline.processor.end(scope, &fields);
+        self.open = None;
     }
 }
 

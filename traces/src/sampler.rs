@@ -7,7 +7,7 @@
 //! `ShouldSample`, the SDK's sampler builds a `SamplingResult` each time —
 //! a vector of attributes, a copy of the parent's trace state — and a
 //! parent-based one asks its root sampler through a second virtual call:
-//! about 160 instructions at every request, sampled or not. Here the
+//! about 250 instructions at every request, sampled or not. Here the
 //! decision is a comparison or two, and the caller copies the trace state
 //! only for a request sampled. The tests hold every variant to the SDK's
 //! own answers.

@@ -17,8 +17,9 @@
 //!
 //! Every receiver also counts what it took ([`Received`]: exports, spans by
 //! kind, bytes). [`Receiver::counting`] starts one that does nothing else:
-//! no span decoded into values, no header kept, so that the load harness can
-//! run it beside a server under measurement without it setting the pace.
+//! no message decoded, its spans counted from the bytes as they arrived
+//! ([`scan`]), no header kept, so that the load harness can run it beside a
+//! server under measurement without it setting the pace.
 //!
 //! Both transports are one axum router (the gRPC service is a tower service
 //! inside it) served connection by connection by hyper-util's auto builder:
@@ -47,7 +48,6 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
-use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -57,6 +57,9 @@ use tokio::sync::oneshot;
 use tokio_rustls::TlsAcceptor;
 
 use super::tls::TestCa;
+use scan::{Kinds, RawCodec};
+
+mod scan;
 
 /// The only body OTLP/HTTP requests here may carry (OTLP/JSON is refused).
 const PROTOBUF: &str = "application/x-protobuf";
@@ -157,16 +160,12 @@ impl Received {
         }
     }
 
-    /// Counts one answered export of `bytes`, its spans by kind.
-    fn count<'a>(&mut self, spans: impl Iterator<Item = &'a Span>, bytes: usize) {
-        for span in spans {
-            match SpanKind::try_from(span.kind) {
-                Ok(SpanKind::Server) => self.server_spans += 1,
-                Ok(SpanKind::Client) => self.client_spans += 1,
-                _ => self.other_spans += 1,
-            }
-        }
-        self.bytes += bytes as u64;
+    /// Counts one answered export.
+    fn count(&mut self, export: &Export) {
+        self.server_spans += export.kinds.server;
+        self.client_spans += export.kinds.client;
+        self.other_spans += export.kinds.other;
+        self.bytes += export.bytes as u64;
         self.exports += 1;
     }
 }
@@ -519,6 +518,9 @@ async fn serve(
     let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
     let shared = Arc::clone(&sink.shared);
     let app = match protocol {
+        Protocol::Grpc if sink.keep == Keep::Counts => axum::Router::new()
+            .route(GRPC_EXPORT, axum::routing::post(grpc_count))
+            .with_state(sink),
         Protocol::Grpc => {
             let grpc = TraceServiceServer::new(sink).max_decoding_message_size(MAX_EXPORT);
             tonic::service::Routes::new(grpc).into_axum_router()
@@ -593,16 +595,11 @@ struct Sink {
 }
 
 impl Sink {
-    /// Counts `request` (`bytes` encoded) and keeps its headers on arrival,
-    /// holds it as told, and counts and records its spans as it answers.
-    /// Dropped while held (the client left), it records no span. Counting
-    /// only, it keeps neither headers nor spans.
-    async fn export(
-        &self,
-        headers: Option<&HeaderMap>,
-        request: ExportTraceServiceRequest,
-        bytes: usize,
-    ) {
+    /// Counts `export` and keeps its headers on arrival, holds it as told,
+    /// and counts and records its spans as it answers. Dropped while held
+    /// (the client left), it records no span. Counting only, it keeps
+    /// neither headers nor spans (and was given no decoded request).
+    async fn export(&self, headers: Option<&HeaderMap>, export: Export) {
         let headers = headers.map(|headers| {
             let headers = headers.iter().map(|(name, value)| {
                 let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
@@ -619,12 +616,9 @@ impl Sink {
         if let Behaviour::Slow(hold) = self.behaviour {
             tokio::time::sleep(hold).await;
         }
-        let spans = (request.resource_spans.iter())
-            .flat_map(|resource| &resource.scope_spans)
-            .flat_map(|scope| &scope.spans);
         let mut collected = self.shared.lock();
-        collected.received.count(spans, bytes);
-        if self.keep == Keep::Spans {
+        collected.received.count(&export);
+        if let Some(request) = export.request {
             collected.spans.extend(decode(request));
         }
         drop(collected);
@@ -647,7 +641,8 @@ impl TraceService for Sink {
         // encoded length, a walk over it, far cheaper than the decoding.
         let bytes = request.get_ref().encoded_len();
         let headers = (self.keep == Keep::Spans).then(|| request.metadata().clone().into_headers());
-        Sink::export(self, headers.as_ref(), request.into_inner(), bytes).await;
+        let export = Export::decoded(request.into_inner(), bytes);
+        Sink::export(self, headers.as_ref(), export).await;
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
 }
@@ -663,13 +658,81 @@ async fn http_export(State(sink): State<Sink>, headers: HeaderMap, body: Bytes) 
         return (HttpStatus::UNSUPPORTED_MEDIA_TYPE, only).into_response();
     }
     let bytes = body.len();
-    let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+    let export = match sink.keep {
+        Keep::Spans => ExportTraceServiceRequest::decode(body)
+            .ok()
+            .map(|request| Export::decoded(request, bytes)),
+        Keep::Counts => Export::counted(&body),
+    };
+    let Some(export) = export else {
         sink.shared.lock().received.undecodable += 1;
         return (HttpStatus::BAD_REQUEST, "not an ExportTraceServiceRequest").into_response();
     };
-    sink.export(sink.keeps(&headers), request, bytes).await;
+    sink.export(sink.keeps(&headers), export).await;
     let answer = ExportTraceServiceResponse::default().encode_to_vec();
     ([(header::CONTENT_TYPE, PROTOBUF)], answer).into_response()
+}
+
+/// The path of OTLP/gRPC's one method.
+const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+
+/// OTLP/gRPC's `Export` for the counting receiver: tonic takes the gRPC
+/// framing off and hands the message over undecoded ([`RawCodec`]); its
+/// spans are counted from its bytes. Bytes that do not frame as an export
+/// are counted as undecodable and refused, as tonic's own decoding would
+/// refuse them.
+async fn grpc_count(State(sink): State<Sink>, request: axum::extract::Request) -> Response {
+    let count = tower::service_fn(move |request: tonic::Request<Bytes>| {
+        let sink = sink.clone();
+        async move {
+            let Some(export) = Export::counted(request.get_ref()) else {
+                sink.shared.lock().received.undecodable += 1;
+                return Err(tonic::Status::internal("not an ExportTraceServiceRequest"));
+            };
+            sink.export(None, export).await;
+            // An `ExportTraceServiceResponse` with nothing partial: no bytes.
+            Ok(tonic::Response::new(Bytes::new()))
+        }
+    });
+    let mut grpc = tonic::server::Grpc::new(RawCodec).max_decoding_message_size(MAX_EXPORT);
+    grpc.unary(count, request).await.map(axum::body::Body::new)
+}
+
+/// An export as it arrived: its spans counted, its size, and the request
+/// decoded where the receiver keeps its spans.
+struct Export {
+    kinds: Kinds,
+    /// Encoded, uncompressed.
+    bytes: usize,
+    request: Option<ExportTraceServiceRequest>,
+}
+
+impl Export {
+    /// `request`, decoded from `bytes`.
+    fn decoded(request: ExportTraceServiceRequest, bytes: usize) -> Export {
+        let mut kinds = Kinds::default();
+        let spans = (request.resource_spans.iter())
+            .flat_map(|resource| &resource.scope_spans)
+            .flat_map(|scope| &scope.spans);
+        for span in spans {
+            kinds.add(span.kind);
+        }
+        Export {
+            kinds,
+            bytes,
+            request: Some(request),
+        }
+    }
+
+    /// The export in `bytes`, counted and not decoded; `None` if they do
+    /// not frame as one.
+    fn counted(bytes: &[u8]) -> Option<Export> {
+        Some(Export {
+            kinds: scan::count(bytes)?,
+            bytes: bytes.len(),
+            request: None,
+        })
+    }
 }
 
 fn decode(request: ExportTraceServiceRequest) -> Vec<ReceivedSpan> {

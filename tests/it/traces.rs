@@ -837,10 +837,29 @@ fn deadline_passed_over_http2_ends_the_open_stream_in_error() {
 /// answered before, and the spill's, reach a collector that answers.
 #[test]
 fn second_signal_exports_within_its_short_budget() {
-    let protocol = Protocol::Grpc;
+    second_signal_exports(Protocol::Grpc, &[]);
+}
+
+/// The same with a runtime of one worker, as a service limited to one CPU
+/// or less gets (tokio sizes it by the CPUs the process may use). The
+/// force hooks block the thread they run on while the export waits, and
+/// the gRPC exporter's connection is a task of that runtime: were the
+/// hooks run on its one worker, the export would wait for it until its
+/// budget was spent and the spans would be lost.
+#[test]
+fn second_signal_exports_on_a_runtime_of_one_worker() {
+    for protocol in [Protocol::Grpc, Protocol::HttpProtobuf] {
+        second_signal_exports(protocol, &[("TOKIO_WORKER_THREADS", "1")]);
+    }
+}
+
+fn second_signal_exports(protocol: Protocol, more: &[(&'static str, &str)]) {
     let receiver = Receiver::start(protocol, Behaviour::Answer);
     let args = ["--drain-delay", "30s", "--flush-interval", "600s"];
-    let mut server = start_traced(protocol, &receiver.endpoint(), &args);
+    let mut envs = traced_envs(protocol, &receiver.endpoint());
+    envs.extend(more.iter().map(|(key, value)| (*key, (*value).to_owned())));
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut server = LameduckProcess::start(&args, &envs);
     let sent = answered_requests(&server, "forced");
     server.signal(SIGTERM);
     server.expect_log("lame duck", PATIENCE);

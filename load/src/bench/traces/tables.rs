@@ -44,10 +44,11 @@ pub(in crate::bench) fn traces_summary(o: &Options, traces: &TracesReport, foote
             .map(|s| (&s.series, &off.series, s.flavor.target(&case.route)))
             .collect();
         text.push_str(&format!(
-            "#### `{}`\n\n{}\n{}\n{}\n",
+            "#### `{}`\n\n{}\n{}\n{}\n\n{}\n",
             case.route,
             series_table(&all, &off.series),
             pairs_table(&pairs),
+            quiet(&case.series),
             exported_table(&case.series),
         ));
     }
@@ -55,6 +56,54 @@ pub(in crate::bench) fn traces_summary(o: &Options, traces: &TracesReport, foote
     text.push_str(footer);
     text.push('\n');
     text
+}
+
+/// How much the server's own CPU a request may vary between the rounds of
+/// the same server before its throughput stops being a measurement: the
+/// server does the same work each round, so a wider spread is the
+/// machine's (another tenant of the host, which no steal time shows).
+const QUIET_SPREAD: f64 = 1.10;
+
+/// Whether the throughput above measures the servers: the spread of the
+/// server CPU a request of traces off across the rounds (the same work
+/// each round), and how busy each server kept its core (req/s × CPU a
+/// request, median of the rounds): near 1, the server's core set the
+/// pace; lower, the load generator did.
+fn quiet(series: &[TracesSeries]) -> String {
+    let Some(off) = series.first() else {
+        return String::new();
+    };
+    let busy: Vec<String> = series
+        .iter()
+        .map(|s| {
+            let busy = median(s.series.runs.iter().map(|r| r.rps * r.cpu_us / 1e6));
+            format!("{} {busy:.2}", s.flavor.name())
+        })
+        .collect();
+    format!(
+        "Traces off's server CPU a request: {}. Server core busy (req/s × CPU a request, median of the rounds): {}.",
+        spread(off.series.runs.iter().map(|run| run.cpu_us)),
+        busy.join(", ")
+    )
+}
+
+/// What the spread of a server's CPU a request across its rounds says.
+fn spread(cpu_us: impl Iterator<Item = f64>) -> String {
+    let cpu: Vec<f64> = cpu_us.filter(|cpu| cpu.is_finite() && *cpu > 0.0).collect();
+    let (least, most) = (cpu.iter()).fold((f64::INFINITY, 0.0_f64), |(lo, hi), &c| {
+        (lo.min(c), hi.max(c))
+    });
+    if cpu.is_empty() {
+        "not measured".to_owned()
+    } else if most / least <= QUIET_SPREAD {
+        format!("{least:.2} to {most:.2} µs across the rounds: a quiet machine, the throughput is a measurement")
+    } else {
+        format!(
+            "{least:.2} to {most:.2} µs across the rounds, more than {:.0} % apart for the same work: \
+             the machine was not quiet, and the throughput ratios above are not a measurement (the instructions below are)",
+            (QUIET_SPREAD - 1.0) * 100.0
+        )
+    }
 }
 
 /// What each server exported, beside its RSS and the export's CPU.
@@ -294,6 +343,13 @@ mod tests {
         assert!(text.contains("| ≥ 0.80 "), "{text}");
         assert!(text.contains("| ≥ 0.97 "), "{text}");
         assert!(text.contains("| 2000 / 1800 / 200 "), "{text}");
+        // The same CPU a request in every round of off: quiet; and each
+        // test server's core busy all the time (rps × its CPU a request).
+        assert!(
+            text.contains("10000.00 to 10000.00 µs across the rounds: a quiet machine"),
+            "{text}"
+        );
+        assert!(text.contains(&format!("{} 1.00, ", off.name())), "{text}");
         assert!(text.contains("| 0.900 (0.90–0.90) "), "{text}");
         assert!(text.contains("| 0.010 (0.01–0.01) "), "{text}");
         // Sampled 0.01: 500 more a request; all: 8,000 a span.
@@ -306,5 +362,23 @@ mod tests {
         };
         assert_eq!(cells(&http_some.name())[5..7], ["500", "–"]);
         assert_eq!(cells(&http_all.name())[5..7], ["8000", "8000"]);
+    }
+
+    // The same work taking 10 % more CPU in one round than in another is
+    // a quiet machine; more is not, and the section says the throughput
+    // is no measurement then. Rounds not measured (NaN) are left out.
+    #[test]
+    fn the_spread_of_the_same_work_tells_a_quiet_machine() {
+        let quiet = spread([9.81, 10.2, f64::NAN, 10.79].into_iter());
+        assert!(
+            quiet.starts_with("9.81 to 10.79 µs") && quiet.contains("a quiet machine"),
+            "{quiet}"
+        );
+        let noisy = spread([11.45, 20.83, 12.0].into_iter());
+        assert!(
+            noisy.contains("not quiet") && noisy.contains("not a measurement"),
+            "{noisy}"
+        );
+        assert_eq!(spread([f64::NAN].into_iter()), "not measured");
     }
 }

@@ -360,7 +360,19 @@ fn traced_envs(protocol: Protocol, endpoint: &str) -> Vec<(&'static str, String)
 
 /// `lameduck server ARGS`, traced as [`traced_envs`] says.
 fn start_traced(protocol: Protocol, endpoint: &str, args: &[&str]) -> LameduckProcess {
-    let envs = traced_envs(protocol, endpoint);
+    start_traced_with(protocol, endpoint, args, &[])
+}
+
+/// `lameduck server ARGS`, traced to `endpoint` as [`traced_envs`] says,
+/// with `more` variables.
+fn start_traced_with(
+    protocol: Protocol,
+    endpoint: &str,
+    args: &[&str],
+    more: &[(&'static str, &str)],
+) -> LameduckProcess {
+    let mut envs = traced_envs(protocol, endpoint);
+    envs.extend(more.iter().map(|(key, value)| (*key, (*value).to_owned())));
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
     LameduckProcess::start(args, &envs)
 }
@@ -856,10 +868,7 @@ fn second_signal_exports_on_a_runtime_of_one_worker() {
 fn second_signal_exports(protocol: Protocol, more: &[(&'static str, &str)]) {
     let receiver = Receiver::start(protocol, Behaviour::Answer);
     let args = ["--drain-delay", "30s", "--flush-interval", "600s"];
-    let mut envs = traced_envs(protocol, &receiver.endpoint());
-    envs.extend(more.iter().map(|(key, value)| (*key, (*value).to_owned())));
-    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut server = LameduckProcess::start(&args, &envs);
+    let mut server = start_traced_with(protocol, &receiver.endpoint(), &args, more);
     let sent = answered_requests(&server, "forced");
     server.signal(SIGTERM);
     server.expect_log("lame duck", PATIENCE);
@@ -1052,19 +1061,6 @@ fn ca_file(dir: &tempfile::TempDir) -> (TestCa, String) {
     (ca, path.to_str().expect("a UTF-8 path").to_owned())
 }
 
-/// `lameduck server`, traced to `endpoint` as [`traced_envs`] says, with
-/// `more` variables.
-fn start_traced_with(
-    protocol: Protocol,
-    endpoint: &str,
-    more: &[(&'static str, &str)],
-) -> LameduckProcess {
-    let mut envs = traced_envs(protocol, endpoint);
-    envs.extend(more.iter().map(|(key, value)| (*key, (*value).to_owned())));
-    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    LameduckProcess::start(&[], &envs)
-}
-
 /// Trusted through the standard variable, the collector gets every answered
 /// request's span at the exit flush, as in cleartext, and no handshake
 /// failed on the way.
@@ -1073,7 +1069,7 @@ fn https_collector_trusted(protocol: Protocol) {
     let (ca, pem) = ca_file(&dir);
     let receiver = Receiver::start_tls(protocol, Behaviour::Answer, &ca);
     assert!(receiver.endpoint().starts_with("https://"));
-    let mut server = start_traced_with(protocol, &receiver.endpoint(), &[(CERTIFICATE, &pem)]);
+    let mut server = start_traced_with(protocol, &receiver.endpoint(), &[], &[(CERTIFICATE, &pem)]);
     let sent = answered_requests(&server, "https");
     assert_eq!(receiver.requests(), 0, "spans left before the exit flush");
     server.signal(SIGTERM);
@@ -1209,7 +1205,7 @@ fn the_default_roots_are_the_systems_for_http_and_compiled_in_for_grpc() {
 
     let protocol = Protocol::HttpProtobuf;
     let receiver = Receiver::start_tls(protocol, Behaviour::Answer, &ca);
-    let mut server = start_traced_with(protocol, &receiver.endpoint(), &system);
+    let mut server = start_traced_with(protocol, &receiver.endpoint(), &[], &system);
     let sent = answered_requests(&server, "system");
     server.signal(SIGTERM);
     assert_eq!(server.exit_code(PATIENCE), 0, "{}", server.log_text());
@@ -1217,7 +1213,7 @@ fn the_default_roots_are_the_systems_for_http_and_compiled_in_for_grpc() {
 
     let protocol = Protocol::Grpc;
     let receiver = Receiver::start_tls(protocol, Behaviour::Answer, &ca);
-    let mut server = start_traced_with(protocol, &receiver.endpoint(), &system);
+    let mut server = start_traced_with(protocol, &receiver.endpoint(), &[], &system);
     answered_requests(&server, "compiled-in");
     assert_dropped_within_budget(&mut server);
     assert_eq!(receiver.requests(), 0);

@@ -796,10 +796,12 @@ fn a_read_given_up_on_ends_its_database_span_in_error() {
 fn deadline_passed_over_http2_ends_the_open_stream_in_error() {
     let protocol = Protocol::Grpc;
     let receiver = Receiver::start(protocol, Behaviour::Answer);
-    let mut envs = traced_envs(protocol, &receiver.endpoint());
-    envs.push(("FAILPOINTS", "create-link-hangs=return".to_owned()));
-    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut server = LameduckProcess::start(&["--shutdown-timeout", "1s"], &envs);
+    let mut server = start_traced_with(
+        protocol,
+        &receiver.endpoint(),
+        &["--shutdown-timeout", "1s"],
+        &[("FAILPOINTS", "create-link-hangs=return")],
+    );
     let parent = caller_ids();
     let request = Request::post(format!("http://{}/api/links", server.addr()))
         .header("content-type", "application/json")
@@ -892,12 +894,14 @@ fn second_signal_exports(protocol: Protocol, more: &[(&'static str, &str)]) {
 fn exits_with_every_span(failpoint: &str, signalled: bool, expected: i32) {
     let protocol = Protocol::Grpc;
     let receiver = Receiver::start(protocol, Behaviour::Answer);
-    let mut envs = traced_envs(protocol, &receiver.endpoint());
-    envs.push(("FAILPOINTS", failpoint.to_owned()));
-    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
     // The flusher's first tick, which the panic waits for, after the
     // requests.
-    let mut server = LameduckProcess::start(&["--flush-interval", "2s"], &envs);
+    let mut server = start_traced_with(
+        protocol,
+        &receiver.endpoint(),
+        &["--flush-interval", "2s"],
+        &[("FAILPOINTS", failpoint)],
+    );
     let sent = answered_requests(&server, failpoint);
     if signalled {
         server.signal(SIGTERM);
